@@ -1,0 +1,22 @@
+"""specrepro: a reproduction of Chen et al. 2023, Accelerating LLM Decoding with Speculative Sampling.
+
+Notation as in the paper: p = draft, q = target.
+"""
+from . import drafts
+from .models import ModelLoadError, load_model, specrepro_home
+from .sampling import SamplingConfig, logits_to_probs, sample
+from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
+
+__all__ = [
+    "Generation",
+    "ModelLoadError",
+    "SamplingConfig",
+    "autoregressive_generate",
+    "drafts",
+    "load_model",
+    "logits_to_probs",
+    "rejection_step",
+    "sample",
+    "specrepro_home",
+    "speculative_generate",
+]

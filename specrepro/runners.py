@@ -1,0 +1,65 @@
+"""Stateful model runners: feed tokens, get one logits row per token, roll the KV cache back by position.
+
+`speculative.py` drives a target runner and a draft; both see a model only through this interface:
+    runner.length                 tokens whose keys/values are cached
+    runner.forward(ids)           ids: [n] LongTensor -> logits [n, V] (float32); caches them
+    runner.rollback(length)       forget everything after the first `length` tokens
+    runner.hidden                 [n, H] last-layer hidden states of the last forward (if requested)
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class HFRunner:
+    """Any Hugging Face causal LM with a DynamicCache; a rollback crops the cache (no recomputation)."""
+
+    def __init__(self, model: torch.nn.Module, keep_hidden: bool = False):
+        self.model = model
+        self.keep_hidden = keep_hidden
+        self.device = next(model.parameters()).device
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+        self.hidden: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[-1]
+        ids = ids.to(self.device).view(1, n)
+        positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
+        if self.keep_hidden:
+            # base model + head, so the normed last hidden state is available to feature drafts
+            out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True)
+            self.hidden = out.last_hidden_state[0]
+            logits = self.model.get_output_embeddings()(out.last_hidden_state)
+        else:
+            logits = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True).logits
+        self.length += n
+        return logits[0].float()
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5.x: a negative count removes tokens
+            self.length = length
+
+
+def context_window(model: torch.nn.Module) -> int | None:
+    """The model's maximum number of positions, when its config says."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the LM head (what the logits' last dim will be)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return head.weight.shape[0]
+    return model.config.vocab_size

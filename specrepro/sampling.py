@@ -1,0 +1,80 @@
+"""Logits -> probabilities (temperature, top-k, top-p, greedy) and sampling with a torch.Generator.
+
+One function, `logits_to_probs`, serves the draft and the target: the p used in the acceptance ratio
+must be exactly the distribution the draft token was drawn from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings shared by draft and target. temperature=0 means greedy."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        validate_sampling(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+
+def validate_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError naming the bad setting."""
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or math.isnan(temperature):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if math.isinf(temperature):
+        raise ValueError("temperature must be finite")
+    if top_k is not None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None:
+        if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+def logits_to_probs(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Float32 probabilities over the last dim, in the order HF applies them: temperature, top-k, top-p.
+
+    temperature=0 is greedy: a one-hot at the argmax (first index on ties).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p; the top token always stays
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+        drop_sorted[..., 0] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token index per row of `probs` ([..., V] -> [...])."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
