@@ -1,0 +1,115 @@
+"""End to end: speculative_generate's joint distribution of the first tokens equals the target's.
+
+Two tiny random Llamas (draft != target) over a 5-token vocabulary; the exact joint distribution of
+the first L tokens under the target (with the sampling transforms, EOS absorbing) is enumerated with
+uncached forwards, and SpS samples are tested against it by chi-square. Family-wise alpha 0.01,
+Bonferroni-corrected over the correct configurations; the wrong samplers must fail at the same level.
+"""
+import pytest
+import torch
+
+import wrong_samplers
+from conftest import EOS
+from specrepro import speculative_generate
+from specrepro import speculative as spec_module
+from specrepro.drafts import ModelDraft
+from specrepro.sampling import SamplingConfig
+from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+
+L = 3  # tokens of the joint distribution
+N = 3000
+PROMPT = torch.tensor([0, 3])
+
+# (lookahead, temperature, top_k, top_p, eos)
+CONFIGS = [
+    (k, t, None, None, EOS) for k in (1, 2, 4, 7) for t in (0.5, 1.0, 1.5)
+] + [
+    (4, 1.0, 3, None, EOS),
+    (4, 1.2, None, 0.8, EOS),
+    (2, 0.8, 4, 0.9, EOS),
+    (3, 1.0, None, None, None),  # no EOS: every outcome is a full L-tuple
+]
+ALPHA = 0.01 / len(CONFIGS)
+
+
+def draw(target, draft, k, sampling, eos, seed, n=N):
+    g = torch.Generator().manual_seed(seed)
+    outcomes, bonus_loops = [], 0
+    for _ in range(n):
+        gen = speculative_generate(
+            target, draft, PROMPT, max_new_tokens=max(L, k + 1), lookahead=k,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            eos_token_id=eos, generator=g,
+        )
+        outcomes.append(truncate_outcome(gen.tokens, L, eos))
+        bonus_loops += sum(a == p > 0 for a, p in zip(gen.accepted, gen.proposed))
+    return outcomes, bonus_loops
+
+
+def fit(target, draft, k, sampling, eos, seed):
+    outcomes, bonus_loops = draw(target, draft, k, sampling, eos, seed)
+    expected = exact_joint(target, PROMPT, L, sampling, eos)
+    return chisquare_fit(outcomes, expected), outcomes, bonus_loops
+
+
+@pytest.mark.parametrize("k, temperature, top_k, top_p, eos", CONFIGS)
+def test_sps_matches_exact_target_joint(tiny_pair, k, temperature, top_k, top_p, eos):
+    target, draft = tiny_pair
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    result, outcomes, bonus_loops = fit(target, draft, k, sampling, eos, seed=CONFIGS.index((k, temperature, top_k, top_p, eos)))
+    assert result.pvalue > ALPHA, result
+    assert result.cells >= 5, "too few cells for the test to mean anything"
+    assert bonus_loops > 0, "the all-accepted bonus path never ran"
+    if eos is not None:
+        assert any(len(o) < L for o in outcomes), "no sample stopped early at EOS"
+
+
+def test_greedy_sps_is_deterministic_and_equals_target_argmax_path(tiny_pair):
+    target, draft = tiny_pair
+    greedy = SamplingConfig(0.0)
+    (path,) = exact_joint(target, PROMPT, 6, greedy, EOS).keys()
+    for k in (1, 2, 4, 7):
+        gen = speculative_generate(target, draft, PROMPT, max_new_tokens=6, lookahead=k, temperature=0, eos_token_id=EOS)
+        assert tuple(gen.tokens.tolist()) == path
+
+
+WRONG = [
+    ("resample_from_q", wrong_samplers.resample_from_q),
+    ("unnormalised_residual", wrong_samplers.unnormalised_residual),
+    ("bonus_off_by_one", wrong_samplers.bonus_off_by_one),
+    ("accept_ratio_inverted", wrong_samplers.accept_ratio_inverted),
+]
+
+
+@pytest.mark.parametrize("name, wrong", WRONG)
+def test_wrong_samplers_are_rejected(tiny_pair, monkeypatch, name, wrong):
+    target, draft = tiny_pair
+    monkeypatch.setattr(spec_module, "rejection_step", wrong)
+    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=100)
+    assert result.pvalue < ALPHA, result
+
+
+def test_dropping_the_bonus_token_is_still_lossless(tiny_pair, monkeypatch):
+    # A control for the harness: skipping the bonus only costs speed, so it must NOT be rejected.
+    target, draft = tiny_pair
+    monkeypatch.setattr(spec_module, "rejection_step", wrong_samplers.no_bonus_token)
+    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=101)
+    assert result.pvalue > ALPHA, result
+
+
+class PreTransformDraft(ModelDraft):
+    """Draws tokens from the transformed draft distribution but reports the raw softmax as p."""
+
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        tokens, _ = super().propose(seq, k, sampling, generator, target_hidden)
+        feed = torch.cat([seq, tokens[:-1]])
+        with torch.no_grad():
+            raw = self.model(input_ids=feed.view(1, -1)).logits[0, -k:].float().softmax(-1)
+        return tokens, raw
+
+
+def test_draft_probabilities_before_the_transform_are_rejected(tiny_pair):
+    target, draft = tiny_pair
+    sampling = SamplingConfig(0.5, top_k=3)
+    result, _, _ = fit(target, PreTransformDraft(draft), 2, sampling, EOS, seed=102)
+    assert result.pvalue < ALPHA, result

@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from specrepro.sampling import SamplingConfig, logits_to_probs, sample
+
+
+def test_temperature_one_is_softmax():
+    logits = torch.randn(3, 11)
+    assert torch.allclose(logits_to_probs(logits), logits.softmax(-1), atol=1e-6)
+
+
+def test_temperature_scales_logits():
+    logits = torch.randn(11)
+    assert torch.allclose(logits_to_probs(logits, temperature=0.5), (logits / 0.5).softmax(-1), atol=1e-6)
+
+
+def test_greedy_is_one_hot_at_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 3.0, 0.0]])
+    probs = logits_to_probs(logits, temperature=0)
+    assert probs.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]  # first index wins a tie
+
+
+def test_top_k_keeps_k_largest_renormalised():
+    logits = torch.tensor([1.0, 4.0, 3.0, 2.0, 0.0])
+    probs = logits_to_probs(logits, top_k=2)
+    expected = torch.zeros(5)
+    expected[[1, 2]] = torch.tensor([4.0, 3.0]).softmax(-1)
+    assert torch.allclose(probs, expected, atol=1e-6)
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    probs_in = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs_in.log()
+    # cumulative mass before each token: 0, .5, .8, .95 -> keep tokens 0, 1 at top_p=0.8 (mass .8 reached)
+    assert (logits_to_probs(logits, top_p=0.8) > 0).tolist() == [True, True, False, False]
+    assert (logits_to_probs(logits, top_p=0.81) > 0).tolist() == [True, True, True, False]
+    kept = logits_to_probs(logits, top_p=0.81)
+    assert torch.allclose(kept[:3], probs_in[:3] / probs_in[:3].sum(), atol=1e-6)
+
+
+def test_top_p_always_keeps_the_top_token():
+    logits = torch.tensor([[0.0, 5.0, 1.0]])
+    assert logits_to_probs(logits, top_p=1e-9).tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_top_p_handles_rows_independently_and_unsorted_input():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [2.0, 0.0, 1.0]])
+    kept = logits_to_probs(logits, top_p=0.5) > 0
+    assert kept.tolist() == [[False, True, False], [True, False, False]]
+
+
+def test_top_k_then_top_p_as_hf_orders_them():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    probs = logits_to_probs(logits, temperature=2.0, top_k=3, top_p=0.6)
+    scaled = (logits[:3] / 2.0).softmax(-1)  # after temperature and top-k: ~.51, .31, .19
+    assert (probs > 0).tolist() == [True, True, False, False]
+    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-6)
+    assert torch.allclose(probs[:2], scaled[:2] / scaled[:2].sum(), atol=1e-6)
+
+
+def test_probs_are_float32_from_half_logits():
+    assert logits_to_probs(torch.randn(7, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_sample_is_reproducible_with_generator():
+    probs = torch.rand(4, 100).softmax(-1)
+    a = sample(probs, torch.Generator().manual_seed(7))
+    b = sample(probs, torch.Generator().manual_seed(7))
+    assert a.shape == (4,) and torch.equal(a, b)
+
+
+def test_sample_never_picks_zero_probability():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5]).expand(2000, 4)
+    assert set(sample(probs, torch.Generator().manual_seed(0)).tolist()) == {1, 3}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=-0.2), "top_p"),
+    ],
+)
+def test_bad_sampling_settings_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
