@@ -1,0 +1,1 @@
+"""Evaluation tasks: news summarisation, HumanEval, and a sandbox for model-written code."""
