@@ -29,7 +29,9 @@ this machine has):
   connection fails at once; when the program (pid 1 there) exits, the
   kernel kills every process left in its pid namespace.
 
-Not contained: reading any file its uid may read; without ``uid_drop``,
+Not contained: reading any file its uid may read; writing to world-writable
+places such as /tmp or /dev/shm (files it leaves there survive the run, each
+capped by RLIMIT_FSIZE); without ``uid_drop``,
 writing to any path the parent user may write when it knows the absolute
 path; without ``uid_drop`` a fork bomb is limited only by RLIMIT_NPROC,
 which counts *all* processes of the user (so it is set relative to the
