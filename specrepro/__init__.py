@@ -3,7 +3,7 @@
 Notation as in the paper: p = draft, q = target.
 """
 from . import drafts
-from .models import ModelLoadError, load_model, specrepro_home
+from .models import ModelLoadError, check_tokenizers, load_model, specrepro_home
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
 
@@ -12,6 +12,7 @@ __all__ = [
     "ModelLoadError",
     "SamplingConfig",
     "autoregressive_generate",
+    "check_tokenizers",
     "drafts",
     "load_model",
     "logits_to_probs",

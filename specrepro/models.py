@@ -32,7 +32,7 @@ def specrepro_home() -> Path:
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """(model, tokenizer) in eval mode. `name_or_path`: "smollm2-135m-instruct", an HF id or a local dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
@@ -46,9 +46,12 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float
             raise ModelLoadError(f"{name} is a file; give the directory holding config.json and the weights")
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{name} has no config.json: not a saved Hugging Face model directory")
+    elif _looks_like_path(name):
+        raise ModelLoadError(f"no model directory at {name}")
     else:
         path, where = name, f"Hugging Face Hub id {name!r}"
     try:
+        AutoConfig.from_pretrained(path)  # fails fast, once, before tokenizer and weights are tried
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as err:
@@ -60,6 +63,25 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float
         )
         raise ModelLoadError(f"could not load {where}{hint}: {err}") from err
     return model.to(device).eval(), tokenizer
+
+
+def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
+    """Raise ValueError unless the two tokenizers map text to the same ids (same vocab and specials)."""
+    a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if a != b:
+        only_a, only_b = len(a.keys() - b.keys()), len(b.keys() - a.keys())
+        moved = sum(1 for tok in a.keys() & b.keys() if a[tok] != b[tok])
+        raise ValueError(
+            f"draft and target tokenizers differ ({len(b)} vs {len(a)} tokens; {only_a} only in the target's, "
+            f"{only_b} only in the draft's, {moved} with different ids): speculative sampling needs one tokenizer"
+        )
+    for name in ("bos_token_id", "eos_token_id"):
+        if getattr(target_tokenizer, name, None) != getattr(draft_tokenizer, name, None):
+            raise ValueError(f"draft and target tokenizers disagree on {name}")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.endswith((".gguf", ".safetensors", ".bin"))
 
 
 def offline_target_dir() -> Path:

@@ -40,10 +40,10 @@ def smollm():
 
 @pytest.fixture(scope="session")
 def truncated_draft(smollm):
-    """A cheap real draft: the target's first 4 layers with its final norm and head (weights copied)."""
+    """A real draft that agrees often enough to exercise both paths: the target's first 26 layers with its final norm and head (weights copied)."""
     target, _ = smollm
     config = target.config.to_dict()
-    config["num_hidden_layers"] = 4
+    config["num_hidden_layers"] = 26
     draft = LlamaForCausalLM(type(target.config).from_dict(config)).eval()
     draft.load_state_dict(target.state_dict(), strict=False)
     return draft

