@@ -140,7 +140,9 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         # never draft past max_new_tokens: the last token of the budget is a plain target step
         k = min(lookahead, max_new_tokens - len(new) - 1)
         if k > 0:
+            # a draft may propose fewer than k tokens (an n-gram draft with no match proposes none)
             drafted, p = proposer.propose(seq, k, sampling, generator, hidden.get() if hidden else None)
+            k = drafted.shape[0]
         else:
             drafted, p = seq.new_empty(0), None
         q = sampling.probs(runner.forward(torch.cat([seq[-1:], drafted])))

@@ -42,7 +42,7 @@ class Draft:
         """Propose k tokens after seq ([n] LongTensor).
 
         target_hidden: [n - 1, H] target hidden states for seq[:-1] (only if wants_target_hidden).
-        Returns tokens [k] and p [k, V], row t the distribution token t was drawn from.
+        Returns tokens [j] and p [j, V] with j <= k, row t the distribution token t was drawn from.
         """
         raise NotImplementedError
 

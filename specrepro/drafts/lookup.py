@@ -1,0 +1,68 @@
+"""Training-free drafts: prompt lookup (n-grams from the context) and truncated target layers."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .base import Draft, ModelDraft
+
+
+class LookupDraft(Draft):
+    """Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
+    (n = max_ngram down to min_ngram) and propose what followed it.
+
+    Proposals are deterministic, so each p row is one-hot on the proposed token: the rejection step
+    accepts it with probability q(x) and otherwise samples from q without x, which is still exact.
+    With no match it proposes nothing and the loop takes a plain target step.
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, context_window: int | None = None):
+        super().__init__()
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.context_window = context_window
+
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        tokens = self.lookup(seq, k)
+        p = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        return tokens, p
+
+    def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        n_seq = seq.shape[0]
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            windows = seq.unfold(0, n, 1)[:-1]  # every earlier n-gram, excluding the suffix itself
+            hits = (windows == seq[-n:]).all(-1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n  # the most recent match
+                return seq[start : start + k]
+        return seq.new_empty(0)
+
+
+def truncated_model(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """Self-speculative draft: the target's first n_layers with its final norm and LM head.
+
+    The modules are shared with the target (no weight copy); only the layer list is shorter.
+    """
+    layers = target.get_decoder().layers
+    if not 1 <= n_layers < len(layers):
+        raise ValueError(f"n_layers must be in 1..{len(layers) - 1} for a {len(layers)}-layer target, got {n_layers}")
+    decoder = copy.copy(target.get_decoder())
+    decoder._modules = dict(decoder._modules)  # its own module table: the target's stays untouched
+    decoder.layers = torch.nn.ModuleList(layers[:n_layers])
+    draft = copy.copy(target)
+    draft._modules = dict(draft._modules)
+    draft.model = decoder
+    draft.config = decoder.config = copy.deepcopy(target.config)
+    draft.config.num_hidden_layers = n_layers
+    return draft
+
+
+class TruncatedDraft(ModelDraft):
+    """A ModelDraft over the target's own first layers."""
+
+    def __init__(self, target: torch.nn.Module, n_layers: int = 4):
+        super().__init__(truncated_model(target, n_layers))
+        self.n_layers = n_layers
