@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import speculative
-from .results import ResultsFile, machine_info, write_csv, write_json
+from .results import ResultsFile, machine_info, markdown_table, write_csv, write_json  # noqa: F401
 from .runners import HFRunner
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .speculative import autoregressive_generate, speculative_generate

@@ -155,3 +155,17 @@ def _jsonable(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None, digits: int = 4) -> str:
+    """A Markdown table of rows (notebooks display it with IPython.display.Markdown)."""
+    columns = columns or list(dict.fromkeys(c for r in rows for c in r))
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "nan" if math.isnan(v) else f"{v:.{digits}g}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
