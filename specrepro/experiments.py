@@ -566,7 +566,7 @@ def _check(problem, completion: str, timeout: float) -> str | None:
 
 def _completion(problem, text: str) -> str:
     he = _tasks("humaneval")
-    return he.extract_completion(problem, text) if he is not None and problem is not None else text
+    return he.extract_completion(text) if he is not None and problem is not None else text
 
 
 def _rouge2(pred: str, ref: str) -> float:

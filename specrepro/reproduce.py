@@ -40,8 +40,9 @@ def output_dirs(profile: str) -> dict:
             "results_dir": f"runs/{profile}/results"}
 
 
-def load_profile(profile: str, params_dir: Path = PARAMS_DIR) -> dict[str, dict]:
+def load_profile(profile: str, params_dir: Path | None = None) -> dict[str, dict]:
     """{notebook: parameters} for a profile; a clear error for an unknown profile or notebook name."""
+    params_dir = params_dir or PARAMS_DIR
     path = Path(params_dir) / f"{profile}.yaml"
     if profile not in PROFILES or not path.is_file():
         known = sorted(p.stem for p in Path(params_dir).glob("*.yaml"))
