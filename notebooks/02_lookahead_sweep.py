@@ -1,0 +1,70 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Lookahead sweep (Chen et al. Figure 1)
+# K = 0..7 (K = 0 is autoregressive sampling) on news and code prompts with the real target and a draft:
+# mean token time and its speedup over K = 0, mean accepted tokens / (K+1), time per loop, per-token latency
+# percentiles, and the speedup Leviathan et al. predict from acceptance a, the draft/target cost ratio c and
+# the verify cost v(K) = (target pass over K+1 tokens) / (one-token pass), all measured in this run.
+# Token times exclude the prompt prefill (identical for ArS and SpS).
+
+# %% tags=["parameters"]
+profile = "smoke"  # smoke | cpu | gpu
+out_dir = "figures/smoke"  # outputs, relative to the repo root
+results_dir = "runs/smoke/results"  # per-item JSON lines, for resuming
+seed = 0  # base seed (each generation's seed derives from it and the prompt)
+threads = 1  # torch threads
+target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
+draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
+dtype = "float32"  # float32 | bfloat16
+device = "cpu"
+lookaheads = [0, 1, 2, 4]  # the paper sweeps 0..7
+n_news = 1  # news prompts
+n_code = 1  # HumanEval prompts
+max_new_tokens = 8  # tokens per generation (the paper: 128)
+temperature = 1.0  # sampling for the sweep
+top_p = None
+repeats = 1  # generations per prompt and K
+cost_repeats = 5  # timed passes per cost measurement
+news_source = "offline"  # offline | xsum | path.jsonl
+code_source = "offline"  # offline | hub | path
+
+# %%
+import os
+from pathlib import Path
+
+import torch
+from IPython.display import Image, Markdown
+
+import specrepro as sr
+from specrepro import experiments as ex, plots
+
+os.chdir(ex.repo_root())
+meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
+                     device=device, lookaheads=lookaheads, max_new_tokens=max_new_tokens, temperature=temperature,
+                     top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
+q_model, tokenizer = sr.load_model(target, dtype=getattr(torch, dtype), device=device)
+p_model = ex.make_draft(draft, q_model, dtype=getattr(torch, dtype), device=device)
+prompts = {"news": ex.news_items(tokenizer, n_news, news_source), "code": ex.code_items(tokenizer, n_code, code_source)}
+meta["prompt_sources"] = {t: items[0]["source"] for t, items in prompts.items()}
+
+# %%
+out = ex.run_lookahead_sweep(q_model, p_model, prompts, lookaheads, max_new_tokens,
+                             {"temperature": temperature, "top_p": top_p},
+                             Path(results_dir) / f"lookahead_sweep-{ex._slug(draft)}.jsonl", seed=seed,
+                             eos=ex.eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats)
+meta["costs"] = out["costs"]
+ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
+Image(plots.plot_lookahead(out_dir)[0])
+
+# %%
+Markdown(ex.markdown_table(out["rows"], ["task", "K", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1",
+                                         "ms_per_loop", "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"]))

