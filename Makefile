@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export MPLBACKEND := agg
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-fast reproduce figures lab clean-venv
+.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+notebooks: setup
+	$(PY) -m specrepro.reproduce --sync
+
+# unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults
+test: notebooks
+	$(PY) -m pytest -q -p no:cacheprovider tests notebooks/ --nbval-lax --nbval-current-env
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
@@ -34,7 +38,7 @@ reproduce: setup
 figures: setup
 	$(PY) -m specrepro.reproduce --profile $(PROFILE) --figures-only
 
-lab: setup
+lab: notebooks
 	$(VENV)/bin/jupyter lab notebooks/
 
 clean-venv:
