@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import wrong_samplers
-from conftest import EOS
+from conftest import EOS, tiny_llama
 from specrepro import speculative_generate
 from specrepro import speculative as spec_module
-from specrepro.drafts import ModelDraft
+from specrepro.drafts import LookupDraft, ModelDraft, TruncatedDraft
 from specrepro.sampling import SamplingConfig
 from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
 
@@ -29,7 +29,13 @@ CONFIGS = [
     (2, 0.8, 4, 0.9, EOS),
     (3, 1.0, None, None, None),  # no EOS: every outcome is a full L-tuple
 ]
-ALPHA = 0.01 / len(CONFIGS)
+# every draft strategy, on the same harness: (name, factory(target, draft) -> draft object)
+DRAFTS = [
+    ("lookup", lambda target, draft: LookupDraft(target.config.vocab_size, max_ngram=2)),
+    ("truncated", lambda target, draft: TruncatedDraft(tiny_llama(0, layers=2), n_layers=1)),
+]
+# the correct configurations, the draft strategies and the no-bonus control share one family
+ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
 
 
 def draw(target, draft, k, sampling, eos, seed, n=N):
@@ -62,6 +68,16 @@ def test_sps_matches_exact_target_joint(tiny_pair, k, temperature, top_k, top_p,
     assert bonus_loops > 0, "the all-accepted bonus path never ran"
     if eos is not None:
         assert any(len(o) < L for o in outcomes), "no sample stopped early at EOS"
+
+
+@pytest.mark.parametrize("name, factory", DRAFTS)
+def test_every_draft_kind_is_lossless(name, factory):
+    target = tiny_llama(0, layers=2)
+    draft = factory(target, tiny_llama(1))
+    sampling = SamplingConfig(1.0)
+    result, outcomes, bonus_loops = fit(target, draft, 3, sampling, EOS, seed=200 + [n for n, _ in DRAFTS].index(name))
+    assert result.pvalue > ALPHA, result
+    assert bonus_loops > 0
 
 
 def test_greedy_sps_is_deterministic_and_equals_target_argmax_path(tiny_pair):

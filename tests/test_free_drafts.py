@@ -1,0 +1,61 @@
+"""The training-free drafts: prompt lookup and truncated target layers."""
+import pytest
+import torch
+
+import specrepro as sr
+from conftest import tiny_llama
+from specrepro.drafts import LookupDraft, TruncatedDraft, truncated_model
+from specrepro.sampling import SamplingConfig
+
+
+def test_lookup_proposes_continuation_of_latest_longest_match():
+    d = LookupDraft(10, max_ngram=3)
+    seq = torch.tensor([1, 2, 3, 4, 5, 2, 3, 9, 9, 1, 2, 3])
+    assert d.lookup(seq, 4).tolist() == [4, 5, 2, 3]  # "1 2 3" matched at the start
+    assert d.lookup(torch.tensor([7, 2, 3, 8, 6, 2, 3]), 2).tolist() == [8, 6]
+    assert d.lookup(torch.tensor([1, 2, 3]), 4).numel() == 0  # nothing repeats
+
+
+def test_lookup_p_rows_are_one_hot_on_the_proposals():
+    d = LookupDraft(10)
+    tokens, p = d.propose(torch.tensor([4, 5, 6, 4, 5]), 3, SamplingConfig(0.7))
+    assert tokens.tolist() == [6, 4, 5]
+    assert torch.equal(p, torch.nn.functional.one_hot(tokens, 10).float())
+
+
+def test_lookup_with_no_match_falls_back_to_target_steps():
+    target = tiny_llama(0, vocab=40)
+    gen = sr.speculative_generate(target, LookupDraft(40), torch.tensor([0]), max_new_tokens=5, lookahead=3, temperature=0)
+    ars = sr.autoregressive_generate(target, torch.tensor([0]), max_new_tokens=5, temperature=0)
+    assert gen.tokens.tolist() == ars.tokens.tolist()
+
+
+def test_lookup_rejects_bad_ngram_range():
+    with pytest.raises(ValueError, match="min_ngram"):
+        LookupDraft(10, max_ngram=1, min_ngram=2)
+
+
+def test_truncated_model_shares_weights_and_leaves_target_intact():
+    target = tiny_llama(0, vocab=9, layers=3)
+    ids = torch.tensor([[0, 4, 2]])
+    before = target(input_ids=ids).logits
+    draft = truncated_model(target, 1)
+    assert len(target.model.layers) == 3 and target.config.num_hidden_layers == 3
+    assert len(draft.model.layers) == 1 and draft.config.num_hidden_layers == 1
+    assert draft.model.layers[0] is target.model.layers[0] and draft.lm_head is target.lm_head
+    assert torch.equal(target(input_ids=ids).logits, before)
+    assert not torch.allclose(draft(input_ids=ids).logits, before)
+
+
+def test_truncated_layer_count_is_checked():
+    with pytest.raises(ValueError, match="n_layers must be in 1..2"):
+        TruncatedDraft(tiny_llama(0, layers=3), n_layers=3)
+
+
+@pytest.mark.parametrize("make", [lambda t: LookupDraft(t.config.vocab_size), lambda t: TruncatedDraft(t, 1)])
+def test_greedy_parity(make):
+    target = tiny_llama(0, vocab=7, layers=2)
+    prompt = torch.tensor([0, 3, 4, 3])
+    ars = sr.autoregressive_generate(target, prompt, max_new_tokens=25, temperature=0)
+    gen = sr.speculative_generate(target, make(target), prompt, max_new_tokens=25, lookahead=4, temperature=0)
+    assert gen.tokens.tolist() == ars.tokens.tolist()
