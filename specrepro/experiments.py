@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import speculative
+from . import wrong
 from .results import ResultsFile, machine_info, markdown_table, write_csv, write_json  # noqa: F401
 from .runners import HFRunner
-from .sampling import SamplingConfig, logits_to_probs, sample
+from .sampling import SamplingConfig
 from .speculative import autoregressive_generate, speculative_generate
+from .wrong import rejection_step_replaced
 
 # ---------------------------------------------------------------------------------------------------
 # Parameters and outputs
@@ -110,34 +111,8 @@ def exact_joint(target, prompt: torch.Tensor, n_tokens: int, sampling: SamplingC
     return joint
 
 
-def wrong_rejection_step(draft_tokens, p, q, generator=None):
-    """A deliberately wrong Algorithm 2: at a rejection it resamples from q instead of (q - p)+.
-
-    The output is then min(p, q) + (1 - sum min(p, q)) q, which is not q: the tests must catch it.
-    """
-    k = draft_tokens.shape[0]
-    if k:
-        rows = torch.arange(k)
-        r = torch.rand(k, generator=generator)
-        rejected = (r * p[rows, draft_tokens] >= q[rows, draft_tokens]).nonzero()
-        if rejected.numel():
-            n = int(rejected[0])
-            return n, sample(q[n], generator)
-    return k, sample(q[k], generator)
-
-
-@contextlib.contextmanager
-def rejection_step_replaced(step):
-    """Run speculative_generate with another rejection step (to show a wrong sampler failing)."""
-    original = speculative.rejection_step
-    speculative.rejection_step = step
-    try:
-        yield
-    finally:
-        speculative.rejection_step = original
-
-
-SAMPLERS = {"sps": None, "ars": None, "sps_wrong_resample_q": wrong_rejection_step}
+# the wrong sampler resamples from q instead of (q - p)+ at a rejection: min(p, q) + (1 - sum min(p, q)) q != q
+SAMPLERS = {"sps": None, "ars": None, "sps_wrong_resample_q": wrong.resample_from_q}
 
 
 def sample_counts(target, draft, prompt, n_tokens: int, n_samples: int, sampler: str, lookahead: int,
