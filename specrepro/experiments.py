@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import wrong
+from .drafts.lookup import truncated_model
 from .results import ResultsFile, machine_info, markdown_table, write_csv, write_json  # noqa: F401
 from .runners import HFRunner
 from .sampling import SamplingConfig
@@ -198,22 +199,14 @@ def joint_table(results_path, setting: str, target_seed: int = 0, vocab: int = 6
 # Real target, drafts and prompts
 
 
-def truncated_draft(target, n_layers: int):
-    """The target's first n_layers + final norm + LM head, weights copied: a lossless-valid, weak draft."""
-    import copy
-
-    draft = copy.deepcopy(target)
-    draft.model.layers = draft.model.layers[:n_layers]
-    draft.config.num_hidden_layers = n_layers
-    if hasattr(draft.config, "layer_types") and draft.config.layer_types:
-        draft.config.layer_types = draft.config.layer_types[:n_layers]
-    return draft.eval()
-
-
 def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
-    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load."""
+    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load.
+
+    "truncated:N" is the target's first N layers with its final norm and LM head, sharing the target's
+    modules (specrepro.drafts.lookup.truncated_model): a lossless-valid, weak draft at no extra memory.
+    """
     if spec.startswith("truncated:"):
-        return truncated_draft(target, int(spec.split(":", 1)[1]))
+        return truncated_model(target, int(spec.split(":", 1)[1]))
     if spec.startswith("model:"):
         from .models import load_model
 

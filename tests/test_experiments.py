@@ -164,8 +164,10 @@ def test_truncated_draft_is_a_valid_draft():
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                           num_attention_heads=4, num_key_value_heads=4)).eval()
-    draft = ex.truncated_draft(target, 2)
+    draft = ex.make_draft("truncated:2", target)
     assert len(draft.model.layers) == 2 and len(target.model.layers) == 4
+    assert target.config.num_hidden_layers == 4
+    assert draft.lm_head is target.lm_head and draft.model.layers[0] is target.model.layers[0]  # shared, no copy
     import specrepro as sr
 
     ids = torch.tensor([1, 2, 3])
