@@ -33,6 +33,8 @@ from .runners import HFRunner
 from .sampling import SamplingConfig
 from .speculative import autoregressive_generate, speculative_generate
 from .stats import chisquare_fit, exact_joint, truncate_outcome
+from .tasks.humaneval import check_completion, extract_completion, pass_at_k
+from .tasks.news import rouge2
 from .toy import tiny_llama
 from .wrong import rejection_step_replaced
 
@@ -474,38 +476,6 @@ PAPER_TABLE1_SOURCE = (
 )
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021): 1 - C(n - c, k) / C(n, k)."""
-    he = _tasks("humaneval")
-    if he is not None:
-        return float(he.pass_at_k(n, c, k))
-    if n - c < k:
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def _check(problem, completion: str, timeout: float) -> str | None:
-    """Status from the sandbox of specrepro.tasks.humaneval; None when it is not available (never run here)."""
-    he = _tasks("humaneval")
-    if he is None or problem is None:
-        return None
-    return he.check_completion(problem, completion, timeout=timeout).status
-
-
-def _completion(problem, text: str) -> str:
-    he = _tasks("humaneval")
-    return he.extract_completion(text) if he is not None and problem is not None else text
-
-
-def _rouge2(pred: str, ref: str) -> float:
-    news = _tasks("news")
-    if news is not None:
-        return float(news.rouge2(pred, ref))
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True).score(ref, pred)["rouge2"].fmeasure
-
-
 def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], settings: dict, results_path,
                lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
                code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0) -> list[dict]:
@@ -534,9 +504,9 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
                  "text": text}
         if bench == "news":
-            extra["score"] = _rouge2(text, it["reference"])
+            extra["score"] = rouge2(text, it["reference"])
         else:
-            extra["status"] = _check(it["problem"], _completion(it["problem"], text), check_timeout)
+            extra["status"] = check_completion(it["problem"], extract_completion(text), timeout=check_timeout).status
         results.append(generation_record(gen, key, **extra))
     return summarise_table1(results.values(), pass_k)
 

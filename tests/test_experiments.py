@@ -137,13 +137,6 @@ def test_acceptance_mle_and_prediction():
     assert ex.predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
 
 
-def test_pass_at_k_unbiased():
-    assert ex.pass_at_k(10, 0, 1) == 0.0
-    assert ex.pass_at_k(10, 10, 5) == 1.0
-    assert ex.pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert ex.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
-
-
 def test_per_token_latency_and_emitted_counts():
     gen = type("G", (), {"tokens": torch.arange(5), "accepted": [2, 0, 3], "proposed": [3, 3, 3],
                          "loop_seconds": [0.3, 0.1, 0.4], "seconds": 1.0, "target_calls": 3, "draft_calls": 9})()
