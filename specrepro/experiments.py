@@ -293,11 +293,11 @@ def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
     """Leviathan et al.: (1 - a^(K+1)) / ((1 - a)(K c + v(K))); K = 0 is ArS (1 by definition)."""
     if k == 0:
         return 1.0
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + v)
+    return expected_tokens(a, k) / (k * c + v)
 
 
 def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens per loop, (1 - a^(K+1)) / (1 - a) (K + 1 when every draft is accepted)."""
     return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
