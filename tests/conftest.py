@@ -2,26 +2,14 @@ import os
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
+
+from specrepro.toy import tiny_llama  # noqa: F401  (tests import it from here)
 
 # Tests run on 2 cores next to other work: one thread keeps timings of the suite predictable.
 torch.set_num_threads(1)
 
-EOS = 1
-
-
-def tiny_llama(seed: int, vocab: int = 5, logit_scale: float = 12.0, layers: int = 1, window: int = 64):
-    """A tiny random Llama whose next-token distributions are far from uniform (logit_scale)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=window,
-        bos_token_id=0, eos_token_id=EOS, pad_token_id=EOS, tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(logit_scale)
-    return model
+EOS = 1  # the default eos_token_id of specrepro.toy.tiny_llama
 
 
 @pytest.fixture(scope="session")

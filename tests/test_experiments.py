@@ -10,6 +10,7 @@ import torch
 from specrepro import experiments as ex
 from specrepro.results import ResultsFile, atomic_write_text, read_csv, write_csv, write_json
 from specrepro.sampling import SamplingConfig
+from specrepro.stats import chisquare_fit, exact_joint
 
 
 def test_results_file_resumes_and_skips_finished_items(tmp_path):
@@ -80,22 +81,40 @@ def test_csv_and_json_roundtrip(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text().replace("NaN", "null"))["rows"][0]["a"] == 1
 
 
-def test_chisquare_merges_small_cells():
-    expected = np.array([0.5, 0.5, 1, 2, 3, 40, 53])
-    observed = np.array([1, 0, 1, 3, 2, 38, 55])
-    out = ex.chisquare_merged(observed, expected)
-    assert out["cells"] == 3  # 0.5+0.5+1+2+3 pooled to 7, then the two big cells
-    assert out["pvalue"] > 0.05
-    # a sample where the target has no mass is a certain failure
-    assert ex.chisquare_merged([0, 5, 95], [0, 5, 95])["pvalue"] == 1.0
-    assert ex.chisquare_merged([3, 5, 92], [0, 50, 50])["pvalue"] < 1e-10
+def test_chisquare_pools_small_cells():
+    # the losslessness experiment's test: stats.chisquare_fit over outcome tuples
+    expected = dict(zip([(i,) for i in range(7)], np.array([0.5, 0.5, 1, 2, 3, 40, 53]) / 100))
+    observed = [1, 0, 1, 3, 2, 38, 55]
+    out = chisquare_fit([(i,) for i, n in enumerate(observed) for _ in range(n)], expected)
+    assert out.cells == 3  # 0.5+0.5+1+2+3 pooled to 7, then the two big cells
+    assert out.pvalue > 0.05
+    assert chisquare_fit([(1,)] * 5 + [(2,)] * 95, {(1,): 0.05, (2,): 0.95}).pvalue == 1.0
+    # a sample where the target has no mass (an outcome exact_joint does not list) is a certain failure
+    assert chisquare_fit([(0,)] * 3 + [(1,)] * 5 + [(2,)] * 92, {(1,): 0.5, (2,): 0.5}).pvalue == 0.0
 
 
 def test_exact_joint_sums_to_one_and_matches_model():
-    q = ex.tiny_llama(0)
-    joint = ex.exact_joint(q, torch.tensor([0, 3]), 2, SamplingConfig(0.7, None, 0.9))
-    assert joint.shape == (36,)
-    assert abs(float(joint.sum()) - 1) < 1e-5
+    q, _ = ex.toy_models()
+    prompt = torch.tensor([0, 3])
+    joint = exact_joint(q, prompt, 2, SamplingConfig(0.7, None, 0.9))
+    assert 0 < len(joint) <= 36 and all(len(s) == 2 for s in joint)
+    assert abs(sum(joint.values()) - 1) < 1e-5
+    with torch.inference_mode():
+        first = SamplingConfig(0.7, None, 0.9).probs(q(input_ids=prompt[None]).logits[0, -1]).double()
+    assert sum(v for s, v in joint.items() if s[0] == 0) == pytest.approx(float(first[0]), abs=1e-6)
+
+
+@torch.inference_mode()
+def test_toy_models_are_far_apart():
+    # resampling from q at a rejection emits min(p, q) + (1 - sum min(p, q)) q: the chi-square can only
+    # see it where that is far from q, which needs p and q far apart (specrepro.toy's logit_scale)
+    q_model, p_model = ex.toy_models()
+    prompt = torch.tensor([[0, 3]])
+    q, p = (torch.softmax(m(input_ids=prompt).logits[0, -1], -1) for m in (q_model, p_model))
+    overlap = torch.minimum(p, q)
+    wrong = overlap + (1 - overlap.sum()) * q
+    assert 0.5 * float((p - q).abs().sum()) > 0.15
+    assert 0.5 * float((wrong - q).abs().sum()) > 0.1
 
 
 def test_losslessness_correct_passes_wrong_fails(tmp_path):
@@ -118,13 +137,6 @@ def test_acceptance_mle_and_prediction():
     assert ex.predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
 
 
-def test_pass_at_k_unbiased():
-    assert ex.pass_at_k(10, 0, 1) == 0.0
-    assert ex.pass_at_k(10, 10, 5) == 1.0
-    assert ex.pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert ex.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
-
-
 def test_per_token_latency_and_emitted_counts():
     gen = type("G", (), {"tokens": torch.arange(5), "accepted": [2, 0, 3], "proposed": [3, 3, 3],
                          "loop_seconds": [0.3, 0.1, 0.4], "seconds": 1.0, "target_calls": 3, "draft_calls": 9})()
@@ -145,8 +157,10 @@ def test_truncated_draft_is_a_valid_draft():
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                           num_attention_heads=4, num_key_value_heads=4)).eval()
-    draft = ex.truncated_draft(target, 2)
+    draft = ex.make_draft("truncated:2", target)
     assert len(draft.model.layers) == 2 and len(target.model.layers) == 4
+    assert target.config.num_hidden_layers == 4
+    assert draft.lm_head is target.lm_head and draft.model.layers[0] is target.model.layers[0]  # shared, no copy
     import specrepro as sr
 
     ids = torch.tensor([1, 2, 3])

@@ -8,10 +8,10 @@ Bonferroni-corrected over the correct configurations; the wrong samplers must fa
 import pytest
 import torch
 
-import wrong_samplers
 from conftest import EOS, tiny_llama
 from specrepro import speculative_generate
 from specrepro import speculative as spec_module
+from specrepro import wrong as wrong_samplers
 from specrepro.drafts import LookupDraft, ModelDraft, TruncatedDraft
 from specrepro.sampling import SamplingConfig
 from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome

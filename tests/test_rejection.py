@@ -6,8 +6,8 @@ rejected at the same corrected level (the test's power), with fixed seeds so the
 import pytest
 import torch
 
-import wrong_samplers
 from specrepro import rejection_step
+from specrepro import wrong as wrong_samplers
 from specrepro.sampling import sample
 from specrepro.stats import chisquare_fit
 

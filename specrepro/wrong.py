@@ -1,7 +1,28 @@
-"""Deliberately wrong rejection steps: the chi-square harness must reject each of them (its power)."""
+"""Deliberately wrong samplers, for demonstrating the chi-square test's power: never use them to generate.
+
+Each function has the signature of `specrepro.speculative.rejection_step` (Algorithm 2, steps 3-4) and
+gets swapped in for it (`rejection_step_replaced`, or monkeypatching in tests); the losslessness test must
+reject every one of them. `no_bonus_token` is the control: slower, but still exact, so it must pass.
+"""
+from __future__ import annotations
+
+import contextlib
+
 import torch
 
-from specrepro.sampling import sample
+from . import speculative
+from .sampling import sample
+
+
+@contextlib.contextmanager
+def rejection_step_replaced(step):
+    """Run speculative_generate with another rejection step (to show a wrong sampler failing)."""
+    original = speculative.rejection_step
+    speculative.rejection_step = step
+    try:
+        yield
+    finally:
+        speculative.rejection_step = original
 
 
 def _accept(draft_tokens, p, q, generator):
