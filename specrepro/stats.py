@@ -72,13 +72,14 @@ class ChiSquare:
 def chisquare_fit(samples, expected_probs: dict, min_expected: float = 5.0) -> ChiSquare:
     """Chi-square of sampled outcomes against exact probabilities.
 
-    Cells whose expected count is below `min_expected` are pooled into one cell (and an outcome the
-    exact distribution gives probability 0 falls there too), as the test's approximation requires.
+    Cells whose expected count is below `min_expected` are pooled (into a cell of their own, or with the
+    smallest cell when their total is too small), as the test's approximation requires. An outcome with
+    probability 0 (absent or listed as 0) that occurs is a certain failure: p-value 0.
     """
     counts = Counter(samples)
     n = sum(counts.values())
-    impossible = sum(c for k, c in counts.items() if k not in expected_probs)
-    keys = sorted(expected_probs, key=lambda k: -expected_probs[k])
+    impossible = sum(c for k, c in counts.items() if expected_probs.get(k, 0.0) <= 0)
+    keys = sorted((k for k in expected_probs if expected_probs[k] > 0), key=lambda k: -expected_probs[k])
     big = [k for k in keys if expected_probs[k] * n >= min_expected]
     if impossible or len(big) < 2:
         # an outcome the target can never produce is a certain failure; one cell leaves nothing to test

@@ -95,3 +95,16 @@ def test_round_off_empty_residual_falls_back_to_q():
     for _ in range(200):
         n, nxt = rejection_step(torch.tensor([0]), p, q, g)
         assert int(nxt) in (0, 1)
+
+
+def test_chisquare_fit_flags_impossible_outcomes_and_pools_small_cells():
+    from specrepro.stats import chisquare_fit
+
+    expected = {(0,): 0.5, (1,): 0.5, (2,): 0.0}
+    assert chisquare_fit([(0,)] * 50 + [(1,)] * 49 + [(2,)], expected).pvalue == 0.0
+    assert chisquare_fit([(0,)] * 50 + [(1,)] * 49 + [(3,)], expected).pvalue == 0.0
+    fine = chisquare_fit([(0,)] * 50 + [(1,)] * 50, expected)
+    assert fine.pvalue == 1.0 and fine.cells == 2
+    skewed = {(i,): p for i, p in enumerate([0.6, 0.38, 0.01, 0.01])}
+    result = chisquare_fit([(0,)] * 60 + [(1,)] * 38 + [(2,), (3,)], skewed)
+    assert result.cells == 2 and result.pvalue > 0.9  # the two 1% cells pooled into the 38% cell
