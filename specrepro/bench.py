@@ -364,7 +364,7 @@ class _Timed:
     def forward(self, ids):
         t = time.perf_counter()
         out = self._runner.forward(ids)
-        self._times[self._key] += time.perf_counter() - t
+        self._times[self._key].append(time.perf_counter() - t)
         return out
 
     def __getattr__(self, name):
@@ -380,18 +380,16 @@ def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, tem
     The rest (sampling, rejection, Python) is split further by timing the sampling and rejection calls
     on the same shapes in isolation.
     """
-    times = {"target_forward": 0.0, "draft_forward": 0.0}
+    times = {"target_forward": [], "draft_forward": []}
     target = _Timed(target_runner, times, "target_forward")
     draft = ModelDraft(_Timed(draft_runner, times, "draft_forward"))
     gen = speculative_generate(target, draft, prompt, max_new_tokens, k, temperature=temperature,
                                generator=torch.Generator().manual_seed(seed))
     prefill = gen.seconds - sum(gen.loop_seconds)
     loops = sum(gen.loop_seconds)
-    # the prompt pass is inside target_forward but outside the loops: measure it alone and take it out
-    target_runner.reset()
-    t = time.perf_counter()
-    target_runner.forward(prompt[:-1])
-    prompt_pass = time.perf_counter() - t
+    # the first target forward is the prompt pass, outside the loops
+    in_loops_target = sum(times["target_forward"][1:] if prompt.shape[0] > 1 else times["target_forward"])
+    draft_total = sum(times["draft_forward"])
     # sampling and rejection in isolation, on the shapes one loop uses
     sampling = SamplingConfig(temperature)
     vocab = target_runner.vocab_size
@@ -412,16 +410,15 @@ def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, tem
         rejection_step(drafted, p, q, g)
     verify_sampling = (time.perf_counter() - t) / reps
     n = gen.target_calls
-    in_loops_target = max(times["target_forward"] - prompt_pass, 0.0)
     sampling_total = n * (draft_sampling + verify_sampling)
     return dict(
         loops=n, tokens=len(gen.tokens), loop_seconds=loops, prompt_seconds=prefill,
-        target_forward=in_loops_target, draft_forward=times["draft_forward"],
+        target_forward=in_loops_target, draft_forward=draft_total, draft_forwards=len(times["draft_forward"]),
         sampling_and_rejection_est=sampling_total,
-        python_overhead_est=loops - in_loops_target - times["draft_forward"] - sampling_total,
+        python_overhead_est=loops - in_loops_target - draft_total - sampling_total,
         per_loop_ms={
             "total": 1e3 * loops / n, "target_forward": 1e3 * in_loops_target / n,
-            "draft_forward": 1e3 * times["draft_forward"] / n, "sampling_and_rejection_est": 1e3 * sampling_total / n,
+            "draft_forward": 1e3 * draft_total / n, "sampling_and_rejection_est": 1e3 * sampling_total / n,
         },
     )
 
