@@ -56,6 +56,8 @@ class LeanRunner:
     compiling takes minutes, and eager is what the measurements in DESIGN.md are for.
     """
 
+    batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -139,7 +141,7 @@ class LeanRunner:
         capacity = max(needed, 2 * self.capacity)
         if self.context_window is not None:
             capacity = min(capacity, self.context_window)
-        shape = (len(self.layers), 1, self.n_kv_heads, capacity, self.head_dim)
+        shape = (len(self.layers), self.batch, self.n_kv_heads, capacity, self.head_dim)
         k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.capacity:
