@@ -52,8 +52,8 @@ class LeanRunner:
     dtype: the compute dtype (float32 default). If it differs from the model's, the weights are cast once
     (that is a copy); in the model's own dtype the runner holds views of the model's tensors.
     capacity: initial cache length in positions; the cache grows (a copy, rare) up to the context window.
-    compile: wrap the block forward in torch.compile (dynamic shapes). Off by default: on these 2-core CPUs
-    compiling takes minutes, and eager is what the measurements in DESIGN.md are for.
+    No torch.compile setting: on these shared 2-core CPUs a compile takes minutes (DESIGN.md) and was
+    not measured for this runner, so nothing here claims it helps.
     """
 
     batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
@@ -64,7 +64,6 @@ class LeanRunner:
         dtype: torch.dtype | None = torch.float32,
         capacity: int = 512,
         keep_hidden: bool = False,
-        compile: bool = False,
     ):
         if not is_llama_like(model):
             raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
@@ -106,7 +105,6 @@ class LeanRunner:
         self.vocab_size = self.head.shape[0]
         self.capacity = 0
         self._grow(min(capacity, self.context_window or capacity))
-        self._block = torch.compile(_block, dynamic=True) if compile else _block
         self.reset()
 
     def reset(self) -> None:
@@ -124,7 +122,7 @@ class LeanRunner:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._grow(end)
-        hidden, logits = self._block(
+        hidden, logits = _block(
             ids.to(self.device).view(n), start, self.embed, self.head, self.norm, self.layers,
             self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
             self.head_dim,
