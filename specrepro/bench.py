@@ -157,7 +157,7 @@ def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: 
         return _run_hf(cfg, setup, prompt, max_new_tokens, seed)
     seconds = time.perf_counter() - start
     return dict(
-        tokens=len(gen.tokens), seconds=seconds, accepted=sum(gen.accepted), proposed=sum(gen.proposed),
+        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds), accepted=sum(gen.accepted), proposed=sum(gen.proposed),
         target_calls=gen.target_calls, ids=gen.tokens.tolist(),
     )
 
@@ -195,7 +195,7 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
     finally:
         setup.target.generation_config = saved
     new = out[0, ids.shape[1] :]
-    return dict(tokens=int(new.shape[0]), seconds=seconds, accepted=0, proposed=0, target_calls=0, ids=new.tolist())
+    return dict(tokens=int(new.shape[0]), seconds=seconds, decode_seconds=None, accepted=0, proposed=0, target_calls=0, ids=new.tolist())
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
@@ -278,6 +278,8 @@ def bench(
                 rec = run_config(cfg, setup, prompt, max_new_tokens, seed + 1000 * rep + pi)
                 rec.update(asdict(cfg), name=cfg.name, rep=rep, prompt=pi, prompt_tokens=int(prompt.shape[0]))
                 rec["ms_per_token"] = 1e3 * rec["seconds"] / max(rec["tokens"], 1)
+                if rec["decode_seconds"] is not None:  # ours: the loops alone, without the prompt pass
+                    rec["decode_ms_per_token"] = 1e3 * rec["decode_seconds"] / max(rec["tokens"], 1)
                 rows.append(rec)
                 if progress:
                     print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
@@ -304,6 +306,9 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
         row = dict(
             name=name, impl=first["impl"], runner=runner, mode=mode, k=k, schedule=first["schedule"], runs=len(rs),
             ms_per_token=ms, tokens_per_s=1e3 / ms,
+            decode_ms_per_token=(
+                statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
+            ),
             ratio_to_ours_ars_hf=ratio(Config("ours_ars", "hf", 0, mode).name),
             speedup_vs_same_runner_ars=ratio(Config("ours_ars", runner, 0, mode).name) if first["impl"].startswith("ours") else None,
         )
@@ -322,14 +327,14 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
 
 
 COLUMNS = [
-    "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s",
+    "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
     "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c", "v", "predicted", "measured_over_predicted",
 ]
 
 
 def format_table(summary: list[dict]) -> str:
-    head = ["config", "ms/tok", "tok/s", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred", "meas/pred"]
-    keys = ["ms_per_token", "tokens_per_s", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c",
+    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred", "meas/pred"]
+    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c",
             "v", "predicted", "measured_over_predicted"]
     lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
     for row in summary:
@@ -356,16 +361,23 @@ def write_results(result: dict, out: str | os.PathLike, meta: dict | None = None
 
 
 class _Timed:
-    """A runner proxy that adds the wall time of each forward to a bucket."""
+    """A runner proxy that appends the wall time of each forward (and prefill) to times[key]."""
 
     def __init__(self, runner, times: dict, key: str):
         self.__dict__.update(_runner=runner, _times=times, _key=key)
+        if hasattr(runner, "prefill"):
+            self.__dict__["prefill"] = self._prefill
 
     def forward(self, ids):
         t = time.perf_counter()
         out = self._runner.forward(ids)
         self._times[self._key].append(time.perf_counter() - t)
         return out
+
+    def _prefill(self, ids):
+        t = time.perf_counter()
+        self._runner.prefill(ids)
+        self._times[self._key + "_prefill"].append(time.perf_counter() - t)
 
     def __getattr__(self, name):
         return getattr(self._runner, name)
@@ -380,16 +392,18 @@ def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, tem
     The rest (sampling, rejection, Python) is split further by timing the sampling and rejection calls
     on the same shapes in isolation.
     """
-    times = {"target_forward": [], "draft_forward": []}
+    times = {"target_forward": [], "target_forward_prefill": [], "draft_forward": [], "draft_forward_prefill": []}
     target = _Timed(target_runner, times, "target_forward")
     draft = ModelDraft(_Timed(draft_runner, times, "draft_forward"))
     gen = speculative_generate(target, draft, prompt, max_new_tokens, k, temperature=temperature,
                                generator=torch.Generator().manual_seed(seed))
     prefill = gen.seconds - sum(gen.loop_seconds)
     loops = sum(gen.loop_seconds)
-    # the first target forward is the prompt pass, outside the loops
-    in_loops_target = sum(times["target_forward"][1:] if prompt.shape[0] > 1 else times["target_forward"])
-    draft_total = sum(times["draft_forward"])
+    # the prompt pass is outside the loops: a prefill call, or else the first target forward
+    has_prefill = hasattr(target_runner, "prefill") or prompt.shape[0] < 2
+    in_loops_target = sum(times["target_forward"] if has_prefill else times["target_forward"][1:])
+    # the draft's prompt pass happens inside the first loop: it is draft time
+    draft_total = sum(times["draft_forward"]) + sum(times["draft_forward_prefill"])
     # sampling and rejection in isolation, on the shapes one loop uses
     sampling = SamplingConfig(temperature)
     vocab = target_runner.vocab_size
@@ -471,6 +485,8 @@ def main(argv=None) -> dict:
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
         tuple(args.runners.split(",")), hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True,
     )
+    meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers
     if args.profile and draft is not None:
         setup = Setup(target, draft, dtype)
         result["profile"] = {}
@@ -478,7 +494,6 @@ def main(argv=None) -> dict:
             t = setup.lean_target if runner == "lean" else HFRunner(target)
             d = setup.drafts[runner].runner
             result["profile"][runner] = profile_sps(t, d, prompts[0], max(ks) // 2 or 1, args.max_new_tokens)
-    meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
     print(format_table(result["summary"]))
     print("costs:", json.dumps(result["costs"], indent=1))
     if "profile" in result:

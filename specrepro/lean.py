@@ -132,6 +132,22 @@ class LeanRunner:
         self.length = end
         return logits.float()
 
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """forward() without the LM head: caches the tokens (a prompt's logits are never read)."""
+        n = ids.shape[-1]
+        start, end = self.length, self.length + n
+        if end > self.capacity:
+            self._grow(end)
+        hidden, _ = _block(
+            ids.to(self.device).view(n), start, self.embed, None, self.norm, self.layers,
+            self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
+            self.head_dim,
+        )
+        if self.keep_hidden:
+            self.hidden = hidden
+        self.length = end
+
     def _grow(self, needed: int) -> None:
         """(Re)allocate the cache for at least `needed` positions, keeping what is cached."""
         if self.context_window is not None and needed > self.context_window:
@@ -201,4 +217,4 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
         h = rms_norm(x, ln2)
         x = x + F.linear(F.silu(F.linear(h, *wg)) * F.linear(h, *wu), *wd)
     x = rms_norm(x, norm)
-    return x, F.linear(x, head)
+    return x, None if head is None else F.linear(x, head)

@@ -128,3 +128,12 @@ def test_greedy_sps_on_real_target_with_lean_runners(smollm):
     assert torch.equal(ars.tokens, sps_hf.tokens)
     assert torch.equal(ars.tokens, sps_lean.tokens)
     assert sps_hf.accepted == sps_lean.accepted
+
+
+def test_prefill_caches_like_forward():
+    model = llama(0, tied=True)
+    ids = torch.randint(0, 50, (12,), generator=torch.Generator().manual_seed(3))
+    a, b = LeanRunner(model, keep_hidden=True), LeanRunner(model)
+    a.prefill(ids[:9])
+    assert a.length == 9 and a.hidden.shape == (9, 32)
+    torch.testing.assert_close(a.forward(ids[9:]), b.forward(ids)[9:], atol=1e-5, rtol=1e-5)

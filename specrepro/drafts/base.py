@@ -66,7 +66,7 @@ class ModelDraft(Draft):
         if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.lean.LeanRunner
             self.runner = model
             self.model = getattr(model, "model", None)
-            self.vocab_size = model.vocab_size
+            self.vocab_size = getattr(model, "vocab_size", None) or vocab_size(model.model)
             self.context_window = getattr(model, "context_window", None)
         else:
             self.model = model
@@ -85,6 +85,9 @@ class ModelDraft(Draft):
         keep = min(common_prefix_length(self.tokens.to(seq.device), seq), seq.shape[0] - 1)
         self.runner.rollback(keep)
         feed = seq[keep:]
+        if feed.shape[0] > 2 and hasattr(self.runner, "prefill"):  # a prompt: no LM head for its first tokens
+            self.runner.prefill(feed[:-1])
+            feed = feed[-1:]
         tokens, probs = [], []
         for _ in range(k):
             p = sampling.probs(self.runner.forward(feed)[-1])
