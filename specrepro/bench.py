@@ -25,7 +25,7 @@ import torch
 
 from .drafts.base import ModelDraft
 from .lean import LeanRunner, is_llama_like, set_threads
-from .runners import HFRunner
+from .runners import HFRunner, vocab_size
 from .sampling import SamplingConfig, sample
 from .speculative import autoregressive_generate, rejection_step, speculative_generate
 
@@ -292,15 +292,17 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
     for r in rows:
         by.setdefault(r["name"], []).append(r)
     per = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+    # ours vs ours: decode time only (the prompt pass, equal for both, would pull ratios toward 1)
+    per_decode = {(r["name"], r["rep"], r["prompt"]): r["decode_ms_per_token"] for r in rows if "decode_ms_per_token" in r}
     out = []
     for name, rs in by.items():
         first = rs[0]
         mode, runner, k = first["mode"], first["runner"], first["k"]
         ms = statistics.median(r["ms_per_token"] for r in rs)
 
-        def ratio(ref_name):  # paired: same prompt and repetition
-            pairs = [per[(ref_name, r["rep"], r["prompt"])] / r["ms_per_token"] for r in rs
-                     if (ref_name, r["rep"], r["prompt"]) in per]
+        def ratio(ref_name, table=per, key="ms_per_token"):  # paired: same prompt and repetition
+            pairs = [table[(ref_name, r["rep"], r["prompt"])] / r[key] for r in rs
+                     if (ref_name, r["rep"], r["prompt"]) in table]
             return statistics.median(pairs) if pairs else None
 
         row = dict(
@@ -310,7 +312,10 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
                 statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
             ),
             ratio_to_ours_ars_hf=ratio(Config("ours_ars", "hf", 0, mode).name),
-            speedup_vs_same_runner_ars=ratio(Config("ours_ars", runner, 0, mode).name) if first["impl"].startswith("ours") else None,
+            speedup_vs_same_runner_ars=(
+                ratio(Config("ours_ars", runner, 0, mode).name, per_decode, "decode_ms_per_token")
+                if first["impl"].startswith("ours") else None
+            ),
         )
         proposed = sum(r["proposed"] for r in rs)
         if first["impl"] == "ours_sps" and proposed:
@@ -365,6 +370,8 @@ class _Timed:
 
     def __init__(self, runner, times: dict, key: str):
         self.__dict__.update(_runner=runner, _times=times, _key=key)
+        if not hasattr(runner, "vocab_size"):  # HFRunner: the loop asks the runner or its config
+            self.__dict__["vocab_size"] = vocab_size(runner.model)
         if hasattr(runner, "prefill"):
             self.__dict__["prefill"] = self._prefill
 
@@ -406,7 +413,7 @@ def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, tem
     draft_total = sum(times["draft_forward"]) + sum(times["draft_forward_prefill"])
     # sampling and rejection in isolation, on the shapes one loop uses
     sampling = SamplingConfig(temperature)
-    vocab = target_runner.vocab_size
+    vocab = target.vocab_size
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(k + 1, vocab, generator=g)
     reps = 20
@@ -433,6 +440,7 @@ def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, tem
         per_loop_ms={
             "total": 1e3 * loops / n, "target_forward": 1e3 * in_loops_target / n,
             "draft_forward": 1e3 * draft_total / n, "sampling_and_rejection_est": 1e3 * sampling_total / n,
+            "python_overhead_est": 1e3 * (loops - in_loops_target - draft_total - sampling_total) / n,
         },
     )
 
