@@ -130,7 +130,8 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         return out
     hidden = _HiddenStates(runner) if _wants_hidden(proposer) else None
     if prompt.shape[0] > 1:
-        runner.forward(prompt[:-1])
+        # a runner's prefill, where it has one, skips the LM head: these logits are never read
+        getattr(runner, "prefill", runner.forward)(prompt[:-1])
         if hidden is not None:
             hidden.append(runner.hidden)
     seq = prompt

@@ -60,12 +60,19 @@ class ModelDraft(Draft):
     processed and feeds only the rest (the correction token, or the last draft plus the bonus token).
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model):
+        """model: an HF causal LM (run through HFRunner) or a runner with the HFRunner interface."""
         super().__init__()
-        self.model = model
-        self.runner = HFRunner(model)
-        self.vocab_size = vocab_size(model)
-        self.context_window = context_window(model)
+        if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.lean.LeanRunner
+            self.runner = model
+            self.model = getattr(model, "model", None)
+            self.vocab_size = getattr(model, "vocab_size", None) or vocab_size(model.model)
+            self.context_window = getattr(model, "context_window", None)
+        else:
+            self.model = model
+            self.runner = HFRunner(model)
+            self.vocab_size = vocab_size(model)
+            self.context_window = context_window(model)
         self.tokens = torch.empty(0, dtype=torch.long)
 
     def reset(self) -> None:
@@ -78,6 +85,9 @@ class ModelDraft(Draft):
         keep = min(common_prefix_length(self.tokens.to(seq.device), seq), seq.shape[0] - 1)
         self.runner.rollback(keep)
         feed = seq[keep:]
+        if feed.shape[0] > 2 and hasattr(self.runner, "prefill"):  # a prompt: no LM head for its first tokens
+            self.runner.prefill(feed[:-1])
+            feed = feed[-1:]
         tokens, probs = [], []
         for _ in range(k):
             p = sampling.probs(self.runner.forward(feed)[-1])
@@ -93,11 +103,13 @@ class ModelDraft(Draft):
 
 
 def as_draft(draft) -> Draft:
-    """A Draft as is; a causal LM (anything with get_output_embeddings) wrapped in ModelDraft."""
+    """A Draft as is; a causal LM (anything with get_output_embeddings) or a runner wrapped in ModelDraft."""
     if isinstance(draft, Draft):
         return draft
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings"):
         return ModelDraft(draft)
+    if hasattr(draft, "rollback") and hasattr(draft, "forward"):  # a runner (HFRunner, LeanRunner)
+        return ModelDraft(draft)
     raise TypeError(
-        f"draft must be a Hugging Face causal LM or a specrepro.drafts.Draft, got {type(draft).__name__}"
+        f"draft must be a Hugging Face causal LM, a runner or a specrepro.drafts.Draft, got {type(draft).__name__}"
     )

@@ -1,0 +1,515 @@
+"""Timing harness: our ArS and SpS (HF and lean runners) against HF generate(), in one run, interleaved.
+
+Every configuration runs on the same prompts, target, draft and seeds; the order of configurations is
+rotated at every repetition so that noise from other work on the machine hits all of them alike. Reported:
+median ms/token and tokens/s, the median over (prompt, repetition) pairs of the ratio to our ArS, the
+acceptance rate a, tau, the measured cost ratios c and v(K), and the Leviathan et al. prediction
+(1 - a^(K+1)) / ((1 - a)(K c + v(K))) beside the measured speedup.
+
+    python -m specrepro.bench --draft truncated:4 --ks 1,2,3,4,5,6,7 --prompts news --n-prompts 2 \
+        --max-new-tokens 32 --dtype float32 --device cpu --out figures/bench
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .drafts.base import ModelDraft
+from .lean import LeanRunner, is_llama_like, set_threads
+from .runners import HFRunner, vocab_size
+from .sampling import SamplingConfig, sample
+from .speculative import autoregressive_generate, rejection_step, speculative_generate
+
+NEWS = [
+    "The Reserve Bank has left interest rates unchanged for the third month in a row, saying inflation is "
+    "easing but remains above its target band. The governor said the board would watch wage growth and "
+    "housing prices closely before deciding whether further tightening was needed. Economists had widely "
+    "expected the decision, although some had forecast a cut before the end of the year.",
+    "Firefighters have contained a bushfire that burned through more than 2,000 hectares of scrub west of "
+    "the city overnight. Residents of two small towns were told to evacuate on Tuesday evening as strong "
+    "winds pushed the fire towards homes. Authorities say no houses were lost, but several sheds and fences "
+    "were destroyed, and one firefighter was treated for smoke inhalation.",
+    "A new study has found that children who spend more time outdoors are less likely to become short-"
+    "sighted. Researchers followed more than 4,000 primary school students for three years and found that "
+    "an extra hour outside each day reduced the risk of myopia by about a third. The authors say schools "
+    "should consider moving some lessons outdoors.",
+]
+CODE = [
+    'def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n    """Merge two sorted lists into one '
+    'sorted list."""\n    result = []\n    i = j = 0\n',
+    "import os\n\n\ndef count_lines(path):\n    \"\"\"Return the number of lines in every .py file under path.\"\"\"\n"
+    "    counts = {}\n    for root, dirs, files in os.walk(path):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n",
+]
+
+
+def builtin_prompts(kind: str, tokenizer=None, n: int | None = None, vocab: int | None = None) -> list[torch.Tensor]:
+    """Token ids of the built-in prompts: "news" (a summarisation request, chat-formatted) or "code".
+
+    Without a tokenizer (tiny test models) returns random ids over `vocab` instead.
+    """
+    texts = {"news": NEWS, "code": CODE}[kind][:n]
+    if tokenizer is None:
+        g = torch.Generator().manual_seed(0)
+        return [torch.randint(2, vocab, (8 + 4 * i,), generator=g) for i in range(len(texts))]
+    out = []
+    for text in texts:
+        if kind == "news" and getattr(tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": f"Summarise this article in one sentence.\n\n{text}"}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out.append(torch.tensor(tokenizer(text).input_ids, dtype=torch.long))
+    return out
+
+
+def truncated_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """The stand-in draft: the target's first n_layers with its final norm and (tied) head, weights copied."""
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = n_layers
+    if hasattr(config, "layer_types") and config.layer_types is not None:
+        config.layer_types = config.layer_types[:n_layers]
+    draft = type(target)(config).to(dtype=next(target.parameters()).dtype).eval()
+    draft.load_state_dict(target.state_dict(), strict=False)  # the extra target layers are ignored
+    return draft
+
+
+def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype = torch.float32):
+    """`truncated:N`, a saved HF causal LM directory, or a kind known to specrepro.drafts.load."""
+    if spec.startswith("truncated:"):
+        return truncated_draft(target, int(spec.split(":", 1)[1]))
+    if Path(spec).expanduser().is_dir():
+        from .models import load_model
+
+        return load_model(spec, dtype=dtype)[0]
+    from . import drafts
+
+    if hasattr(drafts, "load"):  # trained drafts (another branch): small, seqkd, feature, heads, lookup
+        return drafts.load(spec, target=target)
+    raise ValueError(f"unknown draft {spec!r}: use truncated:N, a model directory, or a specrepro.drafts kind")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One timed configuration. impl: ours_ars, ours_sps, hf_generate, hf_assisted."""
+
+    impl: str
+    runner: str  # "hf" or "lean" for ours; "hf" for HF generate
+    k: int  # lookahead; 0 for ArS
+    mode: str  # "greedy" or "sample"
+    schedule: str = ""  # HF assisted: "constant" or "heuristic"
+
+    @property
+    def name(self) -> str:
+        parts = [self.impl, self.runner, self.mode] + ([f"K{self.k}"] if self.k else []) + [self.schedule]
+        return "/".join(p for p in parts if p)
+
+
+def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True) -> list[Config]:
+    out = []
+    for mode in modes:
+        out += [Config("ours_ars", r, 0, mode) for r in runners]
+        if sps:
+            out += [Config("ours_sps", r, k, mode) for r in runners for k in ks]
+        if hf:
+            out.append(Config("hf_generate", "hf", 0, mode))
+            if sps:
+                out += [Config("hf_assisted", "hf", k, mode, s) for s in ("constant", "heuristic") for k in ks]
+    return out
+
+
+class Setup:
+    """The models and prebuilt runners every configuration draws from."""
+
+    def __init__(self, target, draft=None, dtype=torch.float32):
+        self.target, self.draft = target, draft
+        self.lean_target = LeanRunner(target, dtype=dtype)
+        self.draft_is_model = isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings")
+        self.drafts = {}
+        if draft is not None:
+            self.drafts["hf"] = ModelDraft(draft) if self.draft_is_model else draft
+            lean_ok = self.draft_is_model and is_llama_like(draft)
+            self.drafts["lean"] = ModelDraft(LeanRunner(draft, dtype=dtype)) if lean_ok else self.drafts["hf"]
+
+
+def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int, seed: int) -> dict:
+    """Generate max_new_tokens (EOS ignored) with one configuration; wall time includes the prompt pass."""
+    temperature = 0.0 if cfg.mode == "greedy" else 1.0
+    generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    target = setup.lean_target if cfg.runner == "lean" else setup.target
+    start = time.perf_counter()
+    if cfg.impl == "ours_ars":
+        gen = autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature, generator=generator)
+    elif cfg.impl == "ours_sps":
+        gen = speculative_generate(
+            target, setup.drafts[cfg.runner], prompt, max_new_tokens, cfg.k, temperature=temperature,
+            generator=generator,
+        )
+    else:
+        return _run_hf(cfg, setup, prompt, max_new_tokens, seed)
+    seconds = time.perf_counter() - start
+    return dict(
+        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds), accepted=sum(gen.accepted), proposed=sum(gen.proposed),
+        target_calls=gen.target_calls, ids=gen.tokens.tolist(),
+    )
+
+
+def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int, seed: int) -> dict:
+    from transformers import GenerationConfig
+
+    # EOS off and no top-k/top-p (HF's defaults differ from ours): all runs make exactly max_new_tokens
+    gc = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=cfg.mode == "sample", temperature=1.0, top_p=1.0,
+        eos_token_id=None, pad_token_id=setup.target.config.pad_token_id or 0,
+    )
+    if cfg.mode == "sample":
+        gc.top_k = None  # HF's default top_k=50 would differ from our plain sampling
+    kwargs = {}
+    if cfg.impl == "hf_assisted":
+        assistant = setup.draft
+        agc = assistant.generation_config
+        agc.num_assistant_tokens = cfg.k
+        agc.num_assistant_tokens_schedule = cfg.schedule
+        # HF stops drafting early below this confidence by default; "constant" means exactly K drafts
+        agc.assistant_confidence_threshold = 0.0 if cfg.schedule == "constant" else 0.4
+        kwargs["assistant_model"] = assistant
+    ids = prompt.view(1, -1)
+    torch.manual_seed(seed)  # HF sampling draws from the global generator
+    # generate() fills unset fields (eos_token_id among them) from the model's own generation_config:
+    # swap ours in for the call so that EOS stays off
+    saved = setup.target.generation_config
+    setup.target.generation_config = gc
+    try:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = setup.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        seconds = time.perf_counter() - start
+    finally:
+        setup.target.generation_config = saved
+    new = out[0, ids.shape[1] :]
+    return dict(tokens=int(new.shape[0]), seconds=seconds, decode_seconds=None, accepted=0, proposed=0, target_calls=0, ids=new.tolist())
+
+
+def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
+    """Median ms of one forward of n tokens after `prefix`, per runner type, interleaved across reps.
+
+    Returns {runner: {"target": {n: ms}, "draft_ms": ms}}; v(K) = target[K+1] / target[1], c = draft / target[1].
+    """
+    kinds = {"hf": HFRunner(setup.target), "lean": setup.lean_target}
+    drafts = {r: getattr(d, "runner", None) for r, d in setup.drafts.items()}
+    sizes = sorted({1} | {k + 1 for k in ks})
+    times = {r: {n: [] for n in sizes} for r in kinds}
+    dtimes = {r: [] for r in drafts}
+    for runner in list(kinds.values()) + [d for d in drafts.values() if d is not None]:
+        runner.reset()
+        runner.forward(prefix)
+    base = prefix.shape[0]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(reps):
+        for r, runner in kinds.items():
+            for n in sizes:
+                ids = torch.randint(0, setup.lean_target.vocab_size, (n,), generator=g)
+                runner.rollback(base)
+                t = time.perf_counter()
+                runner.forward(ids)
+                times[r][n].append(time.perf_counter() - t)
+        for r, runner in drafts.items():
+            if runner is None:
+                continue
+            runner.rollback(base)
+            t = time.perf_counter()
+            runner.forward(prefix[-1:])
+            dtimes[r].append(time.perf_counter() - t)
+    out = {}
+    for r in kinds:
+        target = {n: 1e3 * statistics.median(v) for n, v in times[r].items()}
+        entry = {"target_ms": target, "v": {k: target[k + 1] / target[1] for k in ks}}
+        if dtimes.get(r):
+            entry["draft_ms"] = 1e3 * statistics.median(dtimes[r])
+            entry["c"] = entry["draft_ms"] / target[1]
+        out[r] = entry
+    return out
+
+
+def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
+    """Leviathan et al.: expected tokens per loop over the loop's cost in one-token target steps."""
+    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + v)
+
+
+def bench(
+    target,
+    draft=None,
+    prompts: list[torch.Tensor] | None = None,
+    ks=(1, 2, 3, 4, 5, 6, 7),
+    max_new_tokens: int = 32,
+    reps: int = 3,
+    modes=("greedy", "sample"),
+    runners=("hf", "lean"),
+    hf: bool = True,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    configs: list[Config] | None = None,
+    progress: bool = False,
+) -> dict:
+    """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}."""
+    setup = Setup(target, draft, dtype)
+    if configs is None:
+        configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None)
+        if not setup.draft_is_model:  # HF assisted generation needs a model as the assistant
+            configs = [c for c in configs if c.impl != "hf_assisted"]
+    rows = []
+    # one untimed warm-up of each configuration (allocations, lazy inits)
+    for cfg in configs:
+        run_config(cfg, setup, prompts[0][:8], 2, seed)
+    for rep in range(reps):
+        shift = (rep * 7) % len(configs)  # rotate the order every repetition
+        order = configs[shift:] + configs[:shift]
+        for pi, prompt in enumerate(prompts):
+            for cfg in order:
+                rec = run_config(cfg, setup, prompt, max_new_tokens, seed + 1000 * rep + pi)
+                rec.update(asdict(cfg), name=cfg.name, rep=rep, prompt=pi, prompt_tokens=int(prompt.shape[0]))
+                rec["ms_per_token"] = 1e3 * rec["seconds"] / max(rec["tokens"], 1)
+                if rec["decode_seconds"] is not None:  # ours: the loops alone, without the prompt pass
+                    rec["decode_ms_per_token"] = 1e3 * rec["decode_seconds"] / max(rec["tokens"], 1)
+                rows.append(rec)
+                if progress:
+                    print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
+    costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps))
+    return {"rows": rows, "summary": summarise(rows, costs), "costs": costs}
+
+
+def summarise(rows: list[dict], costs: dict) -> list[dict]:
+    by = {}
+    for r in rows:
+        by.setdefault(r["name"], []).append(r)
+    per = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+    # ours vs ours: decode time only (the prompt pass, equal for both, would pull ratios toward 1)
+    per_decode = {(r["name"], r["rep"], r["prompt"]): r["decode_ms_per_token"] for r in rows if "decode_ms_per_token" in r}
+    out = []
+    for name, rs in by.items():
+        first = rs[0]
+        mode, runner, k = first["mode"], first["runner"], first["k"]
+        ms = statistics.median(r["ms_per_token"] for r in rs)
+
+        def ratio(ref_name, table=per, key="ms_per_token"):  # paired: same prompt and repetition
+            pairs = [table[(ref_name, r["rep"], r["prompt"])] / r[key] for r in rs
+                     if (ref_name, r["rep"], r["prompt"]) in table]
+            return statistics.median(pairs) if pairs else None
+
+        row = dict(
+            name=name, impl=first["impl"], runner=runner, mode=mode, k=k, schedule=first["schedule"], runs=len(rs),
+            ms_per_token=ms, tokens_per_s=1e3 / ms,
+            decode_ms_per_token=(
+                statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
+            ),
+            ratio_to_ours_ars_hf=ratio(Config("ours_ars", "hf", 0, mode).name),
+            speedup_vs_same_runner_ars=(
+                ratio(Config("ours_ars", runner, 0, mode).name, per_decode, "decode_ms_per_token")
+                if first["impl"].startswith("ours") else None
+            ),
+        )
+        proposed = sum(r["proposed"] for r in rs)
+        if first["impl"] == "ours_sps" and proposed:
+            a = sum(r["accepted"] for r in rs) / proposed
+            calls = sum(r["target_calls"] for r in rs)
+            row.update(a=a, tau=sum(r["tokens"] for r in rs) / calls)
+            cost = costs.get(runner, {})
+            if "c" in cost and k in cost.get("v", {}):
+                row.update(c=cost["c"], v=cost["v"][k], predicted=predicted_speedup(a, k, cost["c"], cost["v"][k]))
+                if row["speedup_vs_same_runner_ars"]:
+                    row["measured_over_predicted"] = row["speedup_vs_same_runner_ars"] / row["predicted"]
+        out.append(row)
+    return out
+
+
+COLUMNS = [
+    "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
+    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c", "v", "predicted", "measured_over_predicted",
+]
+
+
+def format_table(summary: list[dict]) -> str:
+    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred", "meas/pred"]
+    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c",
+            "v", "predicted", "measured_over_predicted"]
+    lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
+    for row in summary:
+        cells = [("" if row.get(k) is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k])) for k in keys]
+        lines.append(f"{row['name']:40s}" + "".join(f"{c:>11s}" for c in cells))
+    return "\n".join(lines)
+
+
+def write_results(result: dict, out: str | os.PathLike, meta: dict | None = None) -> tuple[Path, Path]:
+    """<out>.csv (the summary) and <out>.json (summary, costs, every run, meta), each written atomically."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")
+    tmp = csv_path.with_name(f".{csv_path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result["summary"])
+    os.replace(tmp, csv_path)
+    tmp = json_path.with_name(f".{json_path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"meta": meta or {}, **result}, indent=1, default=str))
+    os.replace(tmp, json_path)
+    return csv_path, json_path
+
+
+class _Timed:
+    """A runner proxy that appends the wall time of each forward (and prefill) to times[key]."""
+
+    def __init__(self, runner, times: dict, key: str):
+        self.__dict__.update(_runner=runner, _times=times, _key=key)
+        if not hasattr(runner, "vocab_size"):  # HFRunner: the loop asks the runner or its config
+            self.__dict__["vocab_size"] = vocab_size(runner.model)
+        if hasattr(runner, "prefill"):
+            self.__dict__["prefill"] = self._prefill
+
+    def forward(self, ids):
+        t = time.perf_counter()
+        out = self._runner.forward(ids)
+        self._times[self._key].append(time.perf_counter() - t)
+        return out
+
+    def _prefill(self, ids):
+        t = time.perf_counter()
+        self._runner.prefill(ids)
+        self._times[self._key + "_prefill"].append(time.perf_counter() - t)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._runner, name, value)
+
+
+def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, temperature=1.0, seed=0) -> dict:
+    """Where the time of SpS goes: seconds in target forwards, draft forwards, and the rest of the loops.
+
+    The rest (sampling, rejection, Python) is split further by timing the sampling and rejection calls
+    on the same shapes in isolation.
+    """
+    times = {"target_forward": [], "target_forward_prefill": [], "draft_forward": [], "draft_forward_prefill": []}
+    target = _Timed(target_runner, times, "target_forward")
+    draft = ModelDraft(_Timed(draft_runner, times, "draft_forward"))
+    gen = speculative_generate(target, draft, prompt, max_new_tokens, k, temperature=temperature,
+                               generator=torch.Generator().manual_seed(seed))
+    prefill = gen.seconds - sum(gen.loop_seconds)
+    loops = sum(gen.loop_seconds)
+    # the prompt pass is outside the loops: a prefill call, or else the first target forward
+    has_prefill = hasattr(target_runner, "prefill") or prompt.shape[0] < 2
+    in_loops_target = sum(times["target_forward"] if has_prefill else times["target_forward"][1:])
+    # the draft's prompt pass happens inside the first loop: it is draft time
+    draft_total = sum(times["draft_forward"]) + sum(times["draft_forward_prefill"])
+    # sampling and rejection in isolation, on the shapes one loop uses
+    sampling = SamplingConfig(temperature)
+    vocab = target.vocab_size
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(k + 1, vocab, generator=g)
+    reps = 20
+    t = time.perf_counter()
+    for _ in range(reps):
+        for _ in range(k):  # the draft: k rows, one at a time
+            p = sampling.probs(logits[0])
+            sample(p, g)
+    draft_sampling = (time.perf_counter() - t) / reps
+    p = sampling.probs(logits[:k])
+    drafted = sample(p, g)
+    t = time.perf_counter()
+    for _ in range(reps):
+        q = sampling.probs(logits)
+        rejection_step(drafted, p, q, g)
+    verify_sampling = (time.perf_counter() - t) / reps
+    n = gen.target_calls
+    sampling_total = n * (draft_sampling + verify_sampling)
+    return dict(
+        loops=n, tokens=len(gen.tokens), loop_seconds=loops, prompt_seconds=prefill,
+        target_forward=in_loops_target, draft_forward=draft_total, draft_forwards=len(times["draft_forward"]),
+        sampling_and_rejection_est=sampling_total,
+        python_overhead_est=loops - in_loops_target - draft_total - sampling_total,
+        per_loop_ms={
+            "total": 1e3 * loops / n, "target_forward": 1e3 * in_loops_target / n,
+            "draft_forward": 1e3 * draft_total / n, "sampling_and_rejection_est": 1e3 * sampling_total / n,
+            "python_overhead_est": 1e3 * (loops - in_loops_target - draft_total - sampling_total) / n,
+        },
+    )
+
+
+def parse_ks(text: str) -> list[int]:
+    """'1,2,4' or '1-7' or '1,2,...,7'."""
+    text = text.replace(" ", "")
+    if ",...," in text:
+        lo, hi = text.split(",...,")
+        return list(range(int(lo.split(",")[0]), int(hi) + 1))
+    out = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out += range(int(lo), int(hi) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--draft", default="truncated:4", help="truncated:N, a model directory, or a drafts kind")
+    ap.add_argument("--ks", default="1-7")
+    ap.add_argument("--prompts", default="news", choices=["news", "code"])
+    ap.add_argument("--n-prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--modes", default="greedy,sample")
+    ap.add_argument("--runners", default="hf,lean")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable CPUs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="also profile one SpS run per runner")
+    ap.add_argument("--out", default="figures/bench")
+    args = ap.parse_args(argv)
+
+    from .models import load_model
+
+    threads = set_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_model(args.target, dtype=dtype, device=args.device)
+    draft = load_draft(args.draft, target, dtype) if args.draft else None
+    prompts = [p.to(args.device) for p in builtin_prompts(args.prompts, tokenizer, args.n_prompts)]
+    ks = parse_ks(args.ks)
+    result = bench(
+        target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
+        tuple(args.runners.split(",")), hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True,
+    )
+    meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers
+    if args.profile and draft is not None:
+        setup = Setup(target, draft, dtype)
+        result["profile"] = {}
+        for runner in args.runners.split(","):
+            t = setup.lean_target if runner == "lean" else HFRunner(target)
+            d = setup.drafts[runner].runner
+            result["profile"][runner] = profile_sps(t, d, prompts[0], max(ks) // 2 or 1, args.max_new_tokens)
+    print(format_table(result["summary"]))
+    print("costs:", json.dumps(result["costs"], indent=1))
+    if "profile" in result:
+        print("profile:", json.dumps(result["profile"], indent=1))
+    paths = write_results(result, args.out, meta)
+    print("wrote", *paths)
+    return result
+
+
+if __name__ == "__main__":
+    main()

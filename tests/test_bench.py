@@ -1,0 +1,65 @@
+"""The bench end to end on tiny random models: it runs in seconds and writes well-formed CSV/JSON.
+
+No timing assertions: a benchmark is not a test.
+"""
+import csv
+import json
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrepro import bench
+
+
+def tiny(seed, layers=2):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def test_bench_end_to_end_writes_csv_and_json(tmp_path):
+    target = tiny(0)
+    draft = bench.truncated_draft(target, 1)
+    prompts = bench.builtin_prompts("code", None, n=2, vocab=64)
+    result = bench.bench(target, draft, prompts, ks=(1, 3), max_new_tokens=6, reps=2)
+    csv_path, json_path = bench.write_results(result, tmp_path / "sub" / "bench", meta={"test": True})
+
+    names = {c.name for c in bench.make_configs((1, 3))}
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert {r["name"] for r in rows} == names
+    assert all(float(r["ms_per_token"]) > 0 for r in rows)
+    sps = [r for r in rows if r["impl"] == "ours_sps"]
+    assert all(0 <= float(r["a"]) <= 1 and 1 <= float(r["tau"]) <= int(r["k"]) + 1 for r in sps)
+    assert all(float(r["predicted"]) > 0 and float(r["v"]) > 0 for r in sps)
+
+    data = json.loads(json_path.read_text())
+    assert data["meta"] == {"test": True}
+    assert len(data["rows"]) == len(names) * 2 * 2  # configs x prompts x reps
+    assert all(r["tokens"] == 6 for r in data["rows"])  # EOS ignored everywhere: fixed-length runs
+    assert set(data["costs"]) == {"hf", "lean"}
+    assert not list(csv_path.parent.glob(".*tmp*"))  # atomic writes leave no temporaries
+
+    # greedy is deterministic: every greedy implementation emits the same tokens for a prompt
+    greedy = {}
+    for r in data["rows"]:
+        if r["mode"] == "greedy":
+            greedy.setdefault(r["prompt"], set()).add(tuple(r["ids"]))
+    assert all(len(v) == 1 for v in greedy.values())
+    print(bench.format_table(result["summary"]))
+
+
+def test_profile_and_helpers():
+    target = tiny(0)
+    draft = bench.truncated_draft(target, 1)
+    setup = bench.Setup(target, draft)
+    prompt = bench.builtin_prompts("news", None, n=1, vocab=64)[0]
+    prof = bench.profile_sps(setup.lean_target, setup.drafts["lean"].runner, prompt, k=2, max_new_tokens=8)
+    assert prof["tokens"] == 8 and prof["loops"] >= 3 and prof["target_forward"] > 0
+    assert bench.parse_ks("1,2,...,7") == list(range(1, 8)) == bench.parse_ks("1-7")
+    assert bench.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
+    assert abs(bench.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12

@@ -1,0 +1,139 @@
+"""LeanRunner against the HF reference: logits, hidden states, and whole generations token for token."""
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import specrepro as sr
+from specrepro.drafts import ModelDraft
+from specrepro.lean import LeanRunner, causal_mask
+from specrepro.runners import HFRunner
+
+# a prompt fed in chunks, rolling back between some of them: (start, end) of each forward
+CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
+
+
+def llama(seed, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
+        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def run_chunks(runner, ids):
+    """Logits of every position of ids, fed in CHUNKS with rollbacks in between."""
+    runner.reset()
+    rows = []
+    for start, end in CHUNKS:
+        runner.rollback(start)
+        assert runner.length == start
+        logits = runner.forward(ids[start:end])
+        rows.append((start, end, logits, getattr(runner, "hidden", None)))
+    return rows
+
+
+@pytest.mark.parametrize("tied,kv_heads", [(False, 2), (True, 4), (False, 1)])
+def test_lean_logits_match_hf_on_tiny_llama(tied, kv_heads):
+    model = llama(0, tied=tied, kv_heads=kv_heads)
+    ids = torch.randint(0, 50, (30,), generator=torch.Generator().manual_seed(1))
+    full = model(ids.view(1, -1)).logits[0]
+    lean = LeanRunner(model, capacity=4, keep_hidden=True)  # capacity 4: the cache must grow on the way
+    hf = HFRunner(model, keep_hidden=True)
+    for (start, end, lean_logits, lean_hidden), (_, _, hf_logits, hf_hidden) in zip(
+        run_chunks(lean, ids), run_chunks(hf, ids)
+    ):
+        assert lean_logits.dtype == torch.float32 and lean_logits.shape == (end - start, 50)
+        torch.testing.assert_close(lean_logits, hf_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lean_logits, full[start:end], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lean_hidden, hf_hidden, atol=1e-5, rtol=1e-5)
+    assert lean.capacity >= 30
+
+
+def test_causal_mask_block_over_prefix():
+    mask = causal_mask(3, 2, "cpu")
+    assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert causal_mask(5, 1, "cpu") is None
+
+
+def test_lean_refuses_non_llama_and_overflow():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_embd=8, n_layer=1, n_head=2, n_positions=16)).eval()
+    with pytest.raises(TypeError, match="Llama"):
+        LeanRunner(gpt2)
+    runner = LeanRunner(llama(0, window=16))
+    runner.forward(torch.zeros(16, dtype=torch.long))
+    with pytest.raises(ValueError, match="context window"):
+        runner.forward(torch.zeros(1, dtype=torch.long))
+
+
+def test_lean_bf16_close_to_fp32():
+    model = llama(0)
+    ids = torch.randint(0, 50, (12,), generator=torch.Generator().manual_seed(2))
+    ref = LeanRunner(model).forward(ids)
+    low = LeanRunner(model, dtype=torch.bfloat16).forward(ids)
+    assert low.dtype == torch.float32
+    assert (low - ref).abs().max() < 0.1 * ref.abs().max()
+    assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generations_with_lean_runners_equal_hf(temperature):
+    target, draft = llama(0, layers=2), llama(3, layers=1)
+    prompt = torch.tensor([0, 5, 9, 12])
+    kw = dict(max_new_tokens=20, temperature=temperature)
+
+    def gen(fn, *models):
+        return fn(*models, prompt, generator=torch.Generator().manual_seed(7), **kw)
+
+    ars_hf = gen(sr.autoregressive_generate, target)
+    ars_lean = gen(sr.autoregressive_generate, LeanRunner(target))
+    assert torch.equal(ars_hf.tokens, ars_lean.tokens)
+    sps_hf = gen(sr.speculative_generate, target, draft)
+    sps_lean = gen(sr.speculative_generate, LeanRunner(target), ModelDraft(LeanRunner(draft)))
+    sps_lean_runner_draft = gen(sr.speculative_generate, LeanRunner(target), LeanRunner(draft))  # via as_draft
+    assert torch.equal(sps_hf.tokens, sps_lean.tokens)
+    assert torch.equal(sps_hf.tokens, sps_lean_runner_draft.tokens)
+    assert sps_hf.accepted == sps_lean.accepted
+    if temperature == 0:
+        assert torch.equal(sps_lean.tokens, ars_lean.tokens)
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return sr.load_model("smollm2-135m-instruct")
+
+
+@pytest.mark.slow
+def test_lean_matches_hf_on_real_target(smollm):
+    model, _ = smollm
+    ids = torch.randint(0, model.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0))
+    lean, hf = LeanRunner(model, capacity=8, keep_hidden=True), HFRunner(model, keep_hidden=True)
+    for (_, _, a, ha), (_, _, b, hb) in zip(run_chunks(lean, ids), run_chunks(hf, ids)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ha, hb, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_greedy_sps_on_real_target_with_lean_runners(smollm):
+    from specrepro.bench import truncated_draft
+
+    model, tokenizer = smollm
+    draft = truncated_draft(model, 4)
+    prompt = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids[0]
+    kw = dict(max_new_tokens=16, temperature=0.0)
+    ars = sr.autoregressive_generate(model, prompt, **kw)
+    sps_hf = sr.speculative_generate(model, draft, prompt, lookahead=3, **kw)
+    sps_lean = sr.speculative_generate(LeanRunner(model), LeanRunner(draft), prompt, lookahead=3, **kw)
+    assert torch.equal(ars.tokens, sps_hf.tokens)
+    assert torch.equal(ars.tokens, sps_lean.tokens)
+    assert sps_hf.accepted == sps_lean.accepted
+
+
+def test_prefill_caches_like_forward():
+    model = llama(0, tied=True)
+    ids = torch.randint(0, 50, (12,), generator=torch.Generator().manual_seed(3))
+    a, b = LeanRunner(model, keep_hidden=True), LeanRunner(model)
+    a.prefill(ids[:9])
+    assert a.length == 9 and a.hidden.shape == (9, 32)
+    torch.testing.assert_close(a.forward(ids[9:]), b.forward(ids)[9:], atol=1e-5, rtol=1e-5)
