@@ -5,10 +5,15 @@ Notation as in the paper: p = draft, q = target.
 from . import drafts
 from .models import ModelLoadError, check_tokenizers, load_model, specrepro_home
 from .sampling import SamplingConfig, logits_to_probs, sample
+from .batch import speculative_generate_batch
+from .lean import LeanRunner
+from .runners import HFRunner
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
 
 __all__ = [
     "Generation",
+    "HFRunner",
+    "LeanRunner",
     "ModelLoadError",
     "SamplingConfig",
     "autoregressive_generate",
@@ -20,4 +25,5 @@ __all__ = [
     "sample",
     "specrepro_home",
     "speculative_generate",
+    "speculative_generate_batch",
 ]

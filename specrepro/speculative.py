@@ -109,7 +109,11 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
     sampling = SamplingConfig(temperature, top_k, top_p)
     _check_max_new_tokens(max_new_tokens)
     proposer: Draft | None = as_draft(draft) if draft is not None else None
-    runner = target if hasattr(target, "rollback") else HFRunner(target, keep_hidden=_wants_hidden(proposer))
+    if hasattr(target, "rollback"):  # already a runner (e.g. specrepro.lean.LeanRunner)
+        runner = target
+        runner.keep_hidden = runner.keep_hidden or _wants_hidden(proposer)
+    else:
+        runner = HFRunner(target, keep_hidden=_wants_hidden(proposer))
     vocab = _target_vocab(target, runner)
     prompt = _check_prompt(input_ids, vocab)
     _check_fits(prompt.shape[0], max_new_tokens, target, proposer)

@@ -1,8 +1,12 @@
 """Batched SpS: per-row cache lengths give the single-row logits, and greedy rows equal greedy ArS."""
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
+from conftest import EOS, tiny_llama
+from specrepro.sampling import SamplingConfig
+from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.batch import BatchLeanRunner, batch_rejection_step, speculative_generate_batch
 from specrepro.lean import LeanRunner
 
@@ -69,28 +73,41 @@ def test_sampled_batch_runs_with_eos_and_budget():
         assert 1 not in out.tokens[:-1].tolist()  # generation stops at EOS
 
 
-def test_sampled_batch_rows_have_the_target_distribution():
-    """Many identical rows in one batch are independent samples: the first two tokens' joint law is q's."""
-    from scipy.stats import chisquare
+def _resample_from_q(drafted, p, q, generator=None):
+    """Deliberately wrong: at a rejection, samples from q instead of the normalised (q - p)+."""
+    b, k = drafted.shape
+    q_x = q[:, :k].gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
+    p_x = p.gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
+    accept = torch.rand(b, k, generator=generator) * p_x < q_x
+    n = accept.long().cumprod(1).sum(1)
+    return n, torch.multinomial(q[torch.arange(b), n], 1, generator=generator).squeeze(-1)
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=5, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
-    target, draft = LlamaForCausalLM(config).eval(), LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(6)
-        draft.lm_head.weight.mul_(6)
+
+BATCH_CONFIGS = [(1, 1.0, None), (3, 1.0, None), (2, 0.7, 3)]  # (lookahead, temperature, top_k)
+BATCH_ALPHA = 0.01 / len(BATCH_CONFIGS)
+
+
+def _batch_fit(k, temperature, top_k, seed, n=4000):
+    """Many identical rows in one batch are independent samples: the first two tokens' joint law is q's."""
+    target, draft = tiny_llama(0), tiny_llama(1)
     prompt = torch.tensor([0, 3])
-    n = 4000
-    outs = speculative_generate_batch(target, draft, [prompt] * n, max_new_tokens=2, lookahead=2,
-                                      generator=torch.Generator().manual_seed(0))
-    pairs = torch.stack([o.tokens for o in outs])
-    observed = torch.bincount(pairs[:, 0] * 5 + pairs[:, 1], minlength=25).double()
-    with torch.no_grad():
-        q1 = target(prompt.view(1, -1)).logits[0, -1].softmax(-1)
-        q2 = torch.stack([target(torch.cat([prompt, torch.tensor([t])]).view(1, -1)).logits[0, -1].softmax(-1)
-                          for t in range(5)])
-    expected = (q1.view(5, 1) * q2).flatten().double() * n
-    keep = expected > 5
-    obs, exp = observed[keep], expected[keep]
-    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+    outs = speculative_generate_batch(target, draft, [prompt] * n, max_new_tokens=k + 1, lookahead=k,
+                                      temperature=temperature, top_k=top_k, eos_token_id=EOS,
+                                      generator=torch.Generator().manual_seed(seed))
+    sampling = SamplingConfig(temperature, top_k)
+    outcomes = [truncate_outcome(o.tokens, 2, EOS) for o in outs]
+    return chisquare_fit(outcomes, exact_joint(target, prompt, 2, sampling, EOS))
+
+
+@pytest.mark.parametrize("k, temperature, top_k", BATCH_CONFIGS)
+def test_sampled_batch_rows_have_the_target_distribution(k, temperature, top_k):
+    result = _batch_fit(k, temperature, top_k, seed=k)
+    assert result.pvalue > BATCH_ALPHA and result.cells >= 5, result
+
+
+def test_batch_harness_rejects_a_wrong_rejection_step(monkeypatch):
+    import specrepro.batch
+
+    monkeypatch.setattr(specrepro.batch, "batch_rejection_step", _resample_from_q)
+    result = _batch_fit(2, 1.0, None, seed=9)
+    assert result.pvalue < BATCH_ALPHA, result
