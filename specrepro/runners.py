@@ -3,6 +3,7 @@
 `speculative.py` drives a target runner and a draft; both see a model only through this interface:
     runner.length                 tokens whose keys/values are cached
     runner.forward(ids)           ids: [n] LongTensor -> logits [n, V] (float32); caches them
+    runner.prefill(ids)           caches ids without computing logits (optional)
     runner.rollback(length)       forget everything after the first `length` tokens
     runner.hidden                 [n, H] last-layer hidden states of the last forward (if requested)
 """
@@ -28,18 +29,25 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._run(ids, head=True)[0].float()
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache ids without the LM head: a long prompt's logits are never read, and the head over a
+        49k vocabulary costs as much as the layers of a small model."""
+        self._run(ids, head=False)
+
+    def _run(self, ids: torch.Tensor, head: bool) -> torch.Tensor | None:
         n = ids.shape[-1]
         ids = ids.to(self.device).view(1, n)
         positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
-        if self.keep_hidden:
-            # base model + head, so the normed last hidden state is available to feature drafts
-            out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True)
-            self.hidden = out.last_hidden_state[0]
-            logits = self.model.get_output_embeddings()(out.last_hidden_state)
-        else:
-            logits = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True).logits
         self.length += n
-        return logits[0].float()
+        if not (self.keep_hidden or not head):
+            return self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True).logits
+        # the base model alone: the normed last hidden state feeds feature drafts, the head is optional
+        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True)
+        self.hidden = out.last_hidden_state[0] if self.keep_hidden else None
+        return self.model.get_output_embeddings()(out.last_hidden_state) if head else None
 
     def rollback(self, length: int) -> None:
         if length < self.length:
