@@ -4,7 +4,7 @@ python -m specrepro.drafts.measure [--kinds small feature ...] [--news 5] [--cod
 
 Prompts are held out: news eval articles (chat template, summarisation request) and HumanEval prompts
 (raw code). c = median ms per proposed draft token / median ms per target one-token step with cache,
-both timed in this run. Results go to figures/drafts/measure.{csv,json}.
+both timed in this run. Results go to figures/drafts/measure-<kinds>.{csv,json}.
 """
 from __future__ import annotations
 
@@ -127,9 +127,10 @@ def main(argv=None) -> int:
         all_rows.extend(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "measure.json").write_text(json.dumps(all_rows, indent=1))
+    name = "measure-" + "-".join(args.kinds)  # one file per run, so runs over different kinds can overlap
+    (out / f"{name}.json").write_text(json.dumps(all_rows, indent=1))
     if all_rows:
-        with open(out / "measure.csv", "w", newline="") as f:
+        with open(out / f"{name}.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(all_rows[0]))
             writer.writeheader()
             writer.writerows(all_rows)

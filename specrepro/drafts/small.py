@@ -39,12 +39,16 @@ def small_config(target_config, cfg: dict) -> LlamaConfig:
 
 
 def pca_embeddings(target_emb: torch.Tensor, d: int) -> torch.Tensor:
-    """Target embeddings projected on their top-d principal directions, rescaled to unit row RMS."""
+    """Target embeddings projected on their top-d principal directions, rescaled to RMS 0.05.
+
+    The table is tied to the output head, so its scale sets the initial logit scale: RMS 1 would give
+    logits of std ~sqrt(d) and a loss far above log(V).
+    """
     e = target_emb.float()
     centred = e - e.mean(0)
     _, _, v = torch.linalg.svd(centred.T @ centred)  # 576 x 576: cheap, unlike an SVD of [V, 576]
     z = centred @ v[:, :d]
-    return z / z.pow(2).mean().sqrt()
+    return 0.05 * z / z.pow(2).mean().sqrt()
 
 
 def init_small(target, cfg: dict | None = None, seed: int = 0) -> LlamaForCausalLM:

@@ -25,6 +25,7 @@ from .distill import DATA_DEFAULTS, distill_data, merge
 from ..models import load_model, specrepro_home
 
 KINDS = ("small", "seqkd", "feature", "heads")
+VERSION = 2  # bump when a code change makes old artifacts and checkpoints incompatible
 MARKER = "complete.json"
 SEQKD_DEFAULTS = small.DEFAULTS | {"hard_weight": 0.5}
 KIND_DEFAULTS = {"small": small.DEFAULTS, "seqkd": SEQKD_DEFAULTS, "feature": feature.DEFAULTS,
@@ -48,7 +49,7 @@ def make_config(kind: str, target_name: str, budget_minutes: float | None = 5.0,
         raise ValueError(f"budget_minutes must be a positive number, got {budget_minutes!r}")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    base = {"kind": kind, "target": target_name, "seed": seed, "budget_minutes": budget_minutes,
+    base = {"version": VERSION, "kind": kind, "target": target_name, "seed": seed, "budget_minutes": budget_minutes,
             "max_steps": max_steps} | DATA_DEFAULTS | KIND_DEFAULTS[kind]
     unknown = set(overrides) - set(base)
     if unknown:
