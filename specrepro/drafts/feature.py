@@ -18,7 +18,7 @@ from .layers import DecoderLayer, KVCache, RMSNorm
 from ..runners import context_window, vocab_size
 from ..sampling import sample
 
-DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 1e-3,
+DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
             "batch": 4, "window": 128}
 
 

@@ -18,7 +18,7 @@ from .feature import FrozenTargetParts
 from ..runners import context_window, vocab_size
 from ..sampling import sample
 
-DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 1e-3, "batch": 4, "window": 128}
+DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
 
 class HeadsNet(nn.Module, FrozenTargetParts):

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--code", type=int, default=5)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--temps", type=float, nargs="*", default=[0.0, 1.0])
+    parser.add_argument("--sweep", type=int, nargs="*", default=[], help="extra K values, greedy only")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="figures/drafts")
@@ -111,8 +112,11 @@ def main(argv=None) -> int:
             continue
         draft = load(kind, target=target, path=path)
         rows = measure_kind(kind, draft, target, prompts, args.k, args.temps, args.new_tokens, tokenizer.eos_token_id)
+        for k in args.sweep:
+            rows += measure_kind(kind, draft, target, prompts, k, [0.0], args.new_tokens, tokenizer.eos_token_id)
         # cost on a real decode-time sequence: a prompt plus the target's own continuation
         prompt, cont = next(r["_last"] for r in rows if r["temperature"] == 0 and r["domain"] == "news")
+        # c is the cost at the main K; the sweep rows reuse it (per-token cost barely depends on K)
         seq = torch.cat([prompt, cont])
         t_ms = target_step_ms(target, prompt)
         d_ms = draft_token_ms(target, draft, seq, args.k, calls=min(10, len(cont) - 1))
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
             r.update(draft_ms=d_ms, target_ms=t_ms, c=d_ms / t_ms, artifact=path.name,
                      train_steps=meta["steps"], train_seconds=meta["train_seconds"], threads=args.threads)
             # Chen et al.'s ideal speedup when a K+1-token verification costs one target step
-            r["ideal_speedup"] = r["tau"] / (1 + args.k * r["c"])
+            r["ideal_speedup"] = r["tau"] / (1 + r["K"] * r["c"])
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
         all_rows.extend(rows)
     out = Path(args.out)
