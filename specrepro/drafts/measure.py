@@ -89,6 +89,22 @@ def measure_kind(kind, draft, target, prompts, k, temps, new_tokens, eos, seed=0
     return rows
 
 
+def summarise(out: Path) -> list[dict]:
+    """All measure-*.json rows under `out`, merged into summary.csv (one line per kind/domain/T/K)."""
+    rows = []
+    for path in sorted(out.glob("measure-*.json")):
+        rows += json.loads(path.read_text())
+    if rows:
+        with open(out / "summary.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    for r in rows:
+        print(f"{r['kind']:8s} {r['domain']:5s} T={r['temperature']:.0f} K={r['K']} acc={r['acceptance']:.3f} "
+              f"tau={r['tau']:.2f} c={r['c']:.3f} ideal_speedup={r['ideal_speedup']:.2f}")
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specrepro.drafts.measure")
     parser.add_argument("--kinds", nargs="*", default=list(KINDS))
@@ -100,7 +116,11 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="figures/drafts")
+    parser.add_argument("--summary", action="store_true", help="only merge earlier results into summary.csv")
     args = parser.parse_args(argv)
+    if args.summary:
+        summarise(Path(args.out))
+        return 0
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model("smollm2-135m-instruct")
     prompts = eval_prompts(tokenizer, args.news, args.code)
