@@ -34,7 +34,6 @@ def frequent_tokens(data: dict, n: int, special: list[int]) -> torch.Tensor:
     only tokens it gives mass to. Special tokens (EOS, chat markers) are always kept.
     """
     counts = torch.bincount(data["tokens"], minlength=1).float()
-    counts = counts + 0.0
     vocab = max(int(data["top_ids"].max()) + 1, len(counts))
     full = torch.zeros(vocab)
     full[: len(counts)] += counts
