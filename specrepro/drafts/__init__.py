@@ -1,5 +1,12 @@
-"""Draft strategies for speculative_generate."""
+"""Draft strategies for speculative_generate, and the trained drafts (train / load)."""
 from .base import Draft, ModelDraft, as_draft
+from .feature import FeatureDraft
+from .heads import HeadsDraft
 from .lookup import LookupDraft, TruncatedDraft, truncated_model
+from .small import SmallDraft
+from .trainer import KINDS, load, train
 
-__all__ = ["Draft", "LookupDraft", "ModelDraft", "TruncatedDraft", "as_draft", "truncated_model"]
+__all__ = [
+    "Draft", "ModelDraft", "as_draft", "LookupDraft", "TruncatedDraft", "truncated_model",
+    "SmallDraft", "FeatureDraft", "HeadsDraft", "KINDS", "train", "load",
+]

@@ -1,0 +1,66 @@
+"""Pieces the trained drafts share: the distillation loss and reduced output vocabularies."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def soft_ce(logp: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor, rest: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy H(q, p) against the target's cached top-k q plus its residual mass.
+
+    Equals KL(q || p) up to q's entropy (a constant), with the mass q puts outside its top-k matched
+    to the mass p puts outside those same tokens. logp: [N, V] draft log-probs; top_*: [N, k]; rest: [N].
+    """
+    lp_top = logp.gather(-1, top_ids.long())
+    p_rest = (1 - lp_top.exp().sum(-1)).clamp_min(1e-6)
+    loss = -(top_p.float() * lp_top).sum(-1) - rest.float() * p_rest.log()
+    if mask is not None:
+        return (loss * mask).sum() / mask.sum().clamp_min(1)
+    return loss.mean()
+
+
+def hard_ce(logp: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    loss = F.nll_loss(logp, labels, reduction="none")
+    if mask is not None:
+        return (loss * mask).sum() / mask.sum().clamp_min(1)
+    return loss.mean()
+
+
+def frequent_tokens(data: dict, n: int, special: list[int]) -> torch.Tensor:
+    """The n token ids the target emits or predicts most often in the training data (sorted ids).
+
+    A draft whose head covers only these is still lossless: its p is zero elsewhere, and it proposes
+    only tokens it gives mass to. Special tokens (EOS, chat markers) are always kept.
+    """
+    counts = torch.bincount(data["tokens"], minlength=1).float()
+    vocab = max(int(data["top_ids"].max()) + 1, len(counts))
+    full = torch.zeros(vocab)
+    full[: len(counts)] += counts
+    full.index_add_(0, data["top_ids"][:, 0].long(), torch.ones(len(data["top_ids"])))
+    full[torch.tensor(special, dtype=torch.long)] = float("inf")
+    return full.topk(min(n, vocab)).indices.sort().values
+
+
+def remap(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Positions of `ids` inside the kept vocabulary (-1 where a token is not kept)."""
+    index = torch.full((vocab,), -1, dtype=torch.long)
+    index[keep] = torch.arange(len(keep))
+    return index[ids.long()]
+
+
+def reduced_soft_targets(top_ids, top_p, rest, keep: torch.Tensor, vocab: int):
+    """Cached top-k labels moved into the kept vocabulary; mass on dropped tokens joins the residual."""
+    local = remap(top_ids, keep, vocab)
+    dropped = local < 0
+    rest = rest + (top_p.float() * dropped).sum(-1)
+    return local.clamp_min(0), top_p.float().masked_fill(dropped, 0), rest
+
+
+def expand_logits(sub: torch.Tensor, keep: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """Logits over a kept vocabulary -> logits over the full one (-inf elsewhere, so p is 0 there)."""
+    if keep is None:
+        return sub
+    full = sub.new_full(sub.shape[:-1] + (vocab,), float("-inf"))
+    full[..., keep] = sub
+    return full

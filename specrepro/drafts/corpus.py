@@ -1,0 +1,135 @@
+"""Training text for the drafts, tokenised with the target's tokenizer and cached under specrepro_home().
+
+Two corpora: ABC news articles (gensim's Lee corpus, train split only) and CPython's standard library.
+Evaluation data (news eval split, HumanEval) is never read here except to build measurement prompts.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import random
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from ..models import specrepro_home
+
+LEE_FILE = "gensim/test/test_data/lee_background.cor"
+NEWS_EVAL_SIZE = 100
+NEWS_INSTRUCTION = "Summarise the following news article in one sentence."
+STDLIB_EXCLUDE = ("test", "idlelib", "site-packages", "lib2to3", "tkinter", "turtledemo")
+
+
+def news_texts(split: str) -> list[str]:
+    """Whole news articles of a split ("train" or "eval"), one string each.
+
+    Uses specrepro.tasks.news when it exists so both modules agree on the held-out articles; otherwise
+    the same rule on the raw file: file order 0..299, Random(0).shuffle, the last 100 are eval.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"news split must be 'train' or 'eval', got {split!r}")
+    try:
+        from ..tasks.news import load_news
+    except ImportError:
+        load_news = None
+    if load_news is not None:
+        return [f"{ex.reference} {ex.document}" for ex in load_news(split=split)]
+    path = Path(importlib.metadata.distribution("gensim").locate_file(LEE_FILE))
+    articles = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    indices = list(range(len(articles)))
+    random.Random(0).shuffle(indices)
+    chosen = indices[-NEWS_EVAL_SIZE:] if split == "eval" else indices[:-NEWS_EVAL_SIZE]
+    return [articles[i] for i in chosen if articles[i]]
+
+
+def news_prompt(tokenizer, article: str, max_document_tokens: int = 300) -> str:
+    """The chat-formatted summarisation request the target is evaluated with (truncated document)."""
+    ids = tokenizer(article, add_special_tokens=False)["input_ids"][:max_document_tokens]
+    document = tokenizer.decode(ids)
+    messages = [{"role": "user", "content": f"{NEWS_INSTRUCTION}\n\n{document}"}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def stdlib_files() -> list[Path]:
+    """CPython's own library modules (no tests, no IDLE, no third-party packages), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(p in STDLIB_EXCLUDE or p.startswith("test") for p in parts[:-1]):
+            continue
+        files.append(path)
+    return files
+
+
+def code_texts(max_files: int | None = None, seed: int = 0) -> list[str]:
+    """Stdlib module sources in a seeded random order (so a prefix of the list mixes packages)."""
+    files = stdlib_files()
+    random.Random(seed).shuffle(files)
+    texts = []
+    for path in files[:max_files]:
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue  # a few modules are latin-1 or unreadable; plenty remain
+    return texts
+
+
+def code_prefixes(tokenizer, n: int, prefix_tokens: int = 128, seed: int = 0) -> list[str]:
+    """Raw code prefixes cut at a line boundary from random stdlib modules (like HumanEval prompts)."""
+    rng = random.Random(seed)
+    prefixes = []
+    for text in code_texts(seed=seed):
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 40:
+            continue
+        start = rng.randrange(0, len(lines) - 30)
+        chunk = "".join(lines[start : start + 60])
+        ids = tokenizer(chunk, add_special_tokens=False)["input_ids"][:prefix_tokens]
+        cut = tokenizer.decode(ids)
+        cut = cut[: cut.rfind("\n") + 1] or cut
+        prefixes.append(cut)
+        if len(prefixes) == n:
+            break
+    return prefixes
+
+
+def token_chunks(tokenizer, texts: list[str], chunk: int, max_tokens: int) -> torch.Tensor:
+    """Texts joined by EOS into one stream, cut into [n, chunk] rows, at most max_tokens tokens."""
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for text in texts:
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        stream.append(eos)
+        if len(stream) >= max_tokens:
+            break
+    n = min(len(stream), max_tokens) // chunk
+    return torch.tensor(stream[: n * chunk], dtype=torch.long).view(n, chunk)
+
+
+def cached(name: str, key: dict, build):
+    """torch.load of specrepro_home()/drafts/cache/<name>-<hash of key>.pt, building it on a miss."""
+    digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:12]
+    path = specrepro_home() / "drafts" / "cache" / f"{name}-{digest}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    value = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    torch.save(value, tmp)
+    os.replace(tmp, path)  # readers never see a torn file
+    return value
+
+
+def text_chunks(tokenizer, news_tokens: int, code_tokens: int, chunk: int = 256) -> torch.Tensor:
+    """[n, chunk] training rows: news train articles, then stdlib code (cached)."""
+    key = {"news": news_tokens, "code": code_tokens, "chunk": chunk, "tok": tokenizer.name_or_path}
+
+    def build():
+        news = token_chunks(tokenizer, news_texts("train"), chunk, news_tokens)
+        code = token_chunks(tokenizer, code_texts(), chunk, code_tokens)
+        return torch.cat([news, code])
+
+    return cached("text", key, build)

@@ -1,0 +1,137 @@
+"""EAGLE-like feature draft: one decoder layer that extrapolates the target's last hidden state.
+
+Input at position t: [h_t ; embedding of token t+1] -> linear -> one Llama decoder layer -> norm = f_t,
+trained to match h_{t+1} (so the target's own, frozen LM head turns f_t into a guess of token t+2).
+Later draft positions roll forward on the draft's own f instead of the target's h. The embeddings and LM
+head are the target's (not stored in the artifact); the head may be cut to the most frequent tokens,
+which cuts the draft's cost, while p stays a proper distribution over the full vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Draft, common_prefix_length
+from .common import expand_logits, reduced_soft_targets, soft_ce
+from .layers import DecoderLayer, KVCache, RMSNorm
+from ..runners import context_window, vocab_size
+from ..sampling import sample
+
+DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
+            "batch": 4, "window": 128}
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class FrozenTargetParts:
+    """The target's embedding table and (optionally vocabulary-cut) LM head, not trained, not saved."""
+
+    def attach(self, target) -> None:
+        self.vocab = vocab_size(target)
+        self.emb = target.get_input_embeddings().weight.detach()
+        head = target.get_output_embeddings().weight.detach()
+        self.head = head if self.keep.numel() == 0 else head[self.keep].contiguous()
+
+    @property
+    def keep_ids(self):
+        return None if self.keep.numel() == 0 else self.keep
+
+    def logits(self, f: torch.Tensor) -> torch.Tensor:
+        """Logits over the kept vocabulary (apply expand_logits for the full one)."""
+        return f @ self.head.T
+
+
+class FeatureNet(nn.Module, FrozenTargetParts):
+    def __init__(self, target, cfg: dict, keep: torch.Tensor | None = None):
+        super().__init__()
+        c = target.config
+        h = c.hidden_size
+        self.cfg = cfg
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
+        self.layer = DecoderLayer(h, c.num_attention_heads, c.num_key_value_heads, head_dim, cfg["ffn"],
+                                  _rope_theta(c), c.rms_norm_eps)
+        self.norm = RMSNorm(h, c.rms_norm_eps)
+        final_norm = getattr(target.get_decoder(), "norm", None)
+        if final_norm is not None:  # start at the target's output scale
+            self.norm.weight.data.copy_(final_norm.weight.detach())
+        self.register_buffer("keep", keep if keep is not None else torch.empty(0, dtype=torch.long))
+        self.attach(target)
+
+    def step(self, h, next_ids, pos, cache=None) -> torch.Tensor:
+        """f_t from h_t [B, T, H] and token t+1 [B, T] at positions pos [T]."""
+        x = self.fc(torch.cat([h, F.embedding(next_ids, self.emb)], -1))
+        return self.norm(self.layer(x, pos, cache))
+
+
+def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
+    """Match h_{t+1} (smooth L1) and the target's distribution of token t+2 (soft CE), from noisy h_t."""
+    h = batch["hidden"].float()
+    inp = h[:, :-1]
+    # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
+    inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.std()
+    t = inp.shape[1]
+    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t))
+    reg = F.smooth_l1_loss(f, h[:, 1:])
+    logp = net.logits(f).float().log_softmax(-1).flatten(0, 1)
+    ids, p, rest = batch["top_ids"][:, 1:], batch["top_p"][:, 1:], batch["rest"][:, 1:]
+    if net.keep_ids is not None:
+        ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
+    soft = soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), batch["mask"][:, 1:].flatten().float())
+    return soft + cfg["reg_weight"] * reg
+
+
+class FeatureDraft(Draft):
+    """Proposes with a FeatureNet; its KV cache holds the positions fed with real target features."""
+
+    wants_target_hidden = True
+
+    def __init__(self, net: FeatureNet, target):
+        super().__init__()
+        self.net = net.eval()
+        self.vocab_size = vocab_size(target)
+        self.context_window = context_window(target)
+        self.hidden_size = target.config.hidden_size
+        self.reset()
+
+    @classmethod
+    def init_for(cls, target, cfg: dict | None = None, keep: torch.Tensor | None = None, seed: int = 0):
+        """An untrained draft for any Llama-like target (tests, losslessness checks)."""
+        torch.manual_seed(seed)
+        return cls(FeatureNet(target, DEFAULTS | (cfg or {}), keep), target)
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache = KVCache()
+        self.tokens = torch.empty(0, dtype=torch.long)
+
+    @torch.inference_mode()
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        seq = seq.cpu()
+        n = seq.shape[0]
+        real = n - 1  # positions 0..n-2 have target features
+        # cached position t used h_t and token t+1: valid while seq[:t+2] is unchanged
+        valid = max(min(common_prefix_length(self.tokens, seq) - 1, real - 1), 0)
+        self.cache.truncate(valid)
+        if real > 0:
+            h = target_hidden[valid:real].float().cpu().view(1, -1, self.hidden_size)
+            f = self.net.step(h, seq[valid + 1 : n].view(1, -1), torch.arange(valid, real), self.cache)[:, -1:]
+        else:  # a one-token prompt: no target feature yet, start from zeros
+            f = self.net.step(torch.zeros(1, 1, self.hidden_size), seq.view(1, 1), torch.arange(1), self.cache)
+        tokens, probs = [], []
+        for i in range(k):
+            p = sampling.probs(expand_logits(self.net.logits(f[0, -1]), self.net.keep_ids, self.vocab_size))
+            token = sample(p, generator)
+            tokens.append(token)
+            probs.append(p)
+            if i + 1 < k:
+                pos = torch.tensor([max(real, 1) + i])
+                f = self.net.step(f, token.view(1, 1), pos, self.cache)
+        self.calls += k
+        self.cache.truncate(real)  # forget draft positions: they used the draft's own features
+        self.tokens = seq
+        return torch.stack(tokens), torch.stack(probs)

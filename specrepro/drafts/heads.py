@@ -1,0 +1,95 @@
+"""Medusa-like heads on the target's last hidden state.
+
+Head i (i = 1..K) reads h_t and the embedding of token t+1 (the token the target has just emitted, which
+Medusa's plain heads ignore and we can have for free) and predicts token t+1+i through a residual block
+and the target's frozen LM head (optionally cut to frequent tokens). All heads run in one matmul per
+proposal. For sampling, head i's distribution after `sampling.probs` is the p row and its token is
+drawn from it: a proper draft distribution, so standard rejection keeps the output lossless.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Draft
+from .common import expand_logits, reduced_soft_targets, soft_ce
+from .feature import FrozenTargetParts
+from ..runners import context_window, vocab_size
+from ..sampling import sample
+
+DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
+
+
+class HeadsNet(nn.Module, FrozenTargetParts):
+    def __init__(self, target, cfg: dict, keep: torch.Tensor | None = None):
+        super().__init__()
+        h = target.config.hidden_size
+        self.cfg = cfg
+        self.inp = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(cfg["heads"]))
+        self.out = nn.ModuleList(nn.Linear(h, h, bias=False) for _ in range(cfg["heads"]))
+        for lin in self.out:  # each head starts as the target's own head: a sane, non-random guess
+            nn.init.zeros_(lin.weight)
+        self.register_buffer("keep", keep if keep is not None else torch.empty(0, dtype=torch.long))
+        self.attach(target)
+
+    def features(self, h: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """[..., H] features and tokens t+1 -> [K, ..., H], one per head."""
+        x = torch.cat([h, F.embedding(next_ids, self.emb)], -1)
+        return torch.stack([h + out(F.silu(inp(x))) for inp, out in zip(self.inp, self.out)])
+
+
+def heads_loss(net: HeadsNet, batch: dict, cfg: dict) -> torch.Tensor:
+    """Head i at position t learns the target's distribution at t+i (that of token t+1+i)."""
+    k = cfg["heads"]
+    h = batch["hidden"].float()
+    w = h.shape[1] - k
+    f = net.features(h[:, :w], batch["tokens"][:, 1 : w + 1])
+    losses = []
+    for i in range(1, k + 1):
+        logp = net.logits(f[i - 1]).float().log_softmax(-1).flatten(0, 1)
+        ids, p, rest = (batch[name][:, i : i + w] for name in ("top_ids", "top_p", "rest"))
+        if net.keep_ids is not None:
+            ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
+        mask = batch["mask"][:, i : i + w].flatten().float()
+        losses.append(soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), mask))
+    return torch.stack(losses).mean()
+
+
+class HeadsDraft(Draft):
+    wants_target_hidden = True
+
+    def __init__(self, net: HeadsNet, target):
+        super().__init__()
+        self.net = net.eval()
+        self.vocab_size = vocab_size(target)
+        self.context_window = context_window(target)
+        self.hidden_size = target.config.hidden_size
+
+    @classmethod
+    def init_for(cls, target, cfg: dict | None = None, keep: torch.Tensor | None = None, seed: int = 0):
+        """Untrained heads for any Llama-like target; out-projections are zero, so randomise them a bit
+        to give tests heads that differ from each other."""
+        torch.manual_seed(seed)
+        net = HeadsNet(target, DEFAULTS | (cfg or {}), keep)
+        for lin in net.out:
+            nn.init.normal_(lin.weight, std=0.02)
+        return cls(net, target)
+
+    @torch.inference_mode()
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        seq = seq.cpu()
+        if target_hidden is not None and target_hidden.shape[0] > 0:
+            h = target_hidden[-1].float().cpu()
+        else:  # one-token prompt: no target feature yet
+            h = torch.zeros(self.hidden_size)
+        logits = self.net.logits(self.net.features(h, seq[-1]))  # [K, kept vocab]
+        logits = expand_logits(logits, self.net.keep_ids, self.vocab_size)
+        tokens, probs = [], []
+        for i in range(k):
+            # lookahead beyond K reuses the last head: a worse guess, still a proper distribution
+            p = sampling.probs(logits[min(i, len(logits) - 1)])
+            tokens.append(sample(p, generator))
+            probs.append(p)
+        self.calls += 1
+        return torch.stack(tokens), torch.stack(probs)

@@ -1,0 +1,290 @@
+"""Training drafts against the cached target pass, with resumable checkpoints and cached artifacts.
+
+An artifact lives in <root>/<kind>-<hash of its config>/ (root defaults to specrepro_home()/drafts):
+config.json, the weights, and complete.json, written last, which marks it usable. While training, the
+same directory holds checkpoint.pt (model, optimiser, step, elapsed time, RNG states), replaced
+atomically, so rerunning an interrupted command with the same settings continues where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from . import feature, heads, small
+from .common import frequent_tokens
+from .distill import DATA_DEFAULTS, distill_data, merge
+from ..models import load_model, specrepro_home
+
+KINDS = ("small", "seqkd", "feature", "heads")
+VERSION = 2  # bump when a code change makes old artifacts and checkpoints incompatible
+MARKER = "complete.json"
+SEQKD_DEFAULTS = small.DEFAULTS | {"hard_weight": 0.5}
+KIND_DEFAULTS = {"small": small.DEFAULTS, "seqkd": SEQKD_DEFAULTS, "feature": feature.DEFAULTS,
+                 "heads": heads.DEFAULTS}
+# which cached target passes each kind learns from (see distill.py)
+KIND_SOURCES = {"small": ("text",), "seqkd": ("gen",), "feature": ("text", "gen"), "heads": ("text", "gen")}
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown draft kind {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def make_config(kind: str, target_name: str, budget_minutes: float | None = 5.0, max_steps: int | None = None,
+                seed: int = 0, **overrides) -> dict:
+    """Everything that determines an artifact (its hash names the directory)."""
+    check_kind(kind)
+    if budget_minutes is None and max_steps is None:
+        raise ValueError("give budget_minutes, max_steps or both")
+    if budget_minutes is not None and (not isinstance(budget_minutes, (int, float)) or budget_minutes <= 0):
+        raise ValueError(f"budget_minutes must be a positive number, got {budget_minutes!r}")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    base = {"version": VERSION, "kind": kind, "target": target_name, "seed": seed, "budget_minutes": budget_minutes,
+            "max_steps": max_steps} | DATA_DEFAULTS | KIND_DEFAULTS[kind]
+    unknown = set(overrides) - set(base)
+    if unknown:
+        raise ValueError(f"unknown settings for {kind}: {sorted(unknown)}; known: {sorted(base)}")
+    return base | overrides
+
+
+def config_hash(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def target_name(target) -> str:
+    return Path(str(target.config.name_or_path)).name or "target"
+
+
+def artifact_dir(cfg: dict, root: str | os.PathLike | None = None) -> Path:
+    root = Path(root) if root is not None else specrepro_home() / "drafts"
+    return root / f"{cfg['kind']}-{config_hash(cfg)}"
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def training_data(target, tokenizer, cfg: dict) -> dict:
+    parts = [distill_data(target, tokenizer, source, cfg) for source in KIND_SOURCES[cfg["kind"]]]
+    data = parts[0] if len(parts) == 1 else merge(parts)
+    if cfg["kind"] in ("small", "seqkd"):
+        data.pop("hidden", None)  # token models never read it; saves memory
+    if cfg["kind"] != "seqkd":
+        data["gen_mask"] = torch.ones_like(data["gen_mask"])  # seqkd alone learns only target-written text
+    return data
+
+
+def window_starts(data: dict, length: int) -> torch.Tensor:
+    """Start positions of windows of `length` inside one sequence with at least one unmasked label."""
+    starts = []
+    bounds = data["starts"].tolist()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e - s >= length:
+            starts.append(torch.arange(s, e - length + 1))
+    starts = torch.cat(starts) if starts else torch.empty(0, dtype=torch.long)
+    csum = torch.cat([torch.zeros(1, dtype=torch.long), data["gen_mask"].long().cumsum(0)])
+    has_label = csum[starts + length - 1] - csum[starts] > 0
+    starts = starts[has_label]
+    if not len(starts):
+        raise ValueError(f"no training window of {length} tokens: the distillation data is too small")
+    return starts
+
+
+def get_batch(data: dict, starts: torch.Tensor, cfg: dict, length: int, gen: torch.Generator) -> dict:
+    pick = starts[torch.randint(len(starts), (cfg["batch"],), generator=gen)]
+    index = pick[:, None] + torch.arange(length)[None]
+    names = ("tokens", "top_ids", "top_p", "rest", "hidden")
+    batch = {name: data[name][index] for name in names if name in data}
+    batch["mask"] = data["gen_mask"][index]
+    return batch
+
+
+def window_length(cfg: dict) -> int:
+    return cfg["window"] + (cfg["heads"] if cfg["kind"] == "heads" else 1)
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def build_net(kind: str, target, cfg: dict, keep: torch.Tensor | None):
+    if kind in ("small", "seqkd"):
+        return small.init_small(target, cfg, seed=cfg["seed"])
+    torch.manual_seed(cfg["seed"])
+    return (feature.FeatureNet if kind == "feature" else heads.HeadsNet)(target, cfg, keep)
+
+
+LOSSES = {"small": small.small_loss, "seqkd": small.small_loss, "feature": feature.feature_loss,
+          "heads": heads.heads_loss}
+
+
+def make_draft(kind: str, net, target):
+    if kind in ("small", "seqkd"):
+        return small.SmallDraft(net.eval())
+    return (feature.FeatureDraft if kind == "feature" else heads.HeadsDraft)(net, target)
+
+
+def trainable_state(net) -> dict:
+    return {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+def lr_at(cfg: dict, step: int, progress: float) -> float:
+    """Linear warm-up over 20 steps, then cosine decay to a tenth over the budget."""
+    warm = min(1.0, (step + 1) / 20)
+    return cfg["lr"] * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minutes: float | None = 5.0,
+          max_steps: int | None = None, seed: int = 0, root=None, checkpoint_seconds: float = 30.0,
+          stop_after: int | None = None, progress: bool = True, **overrides) -> Path | None:
+    """Train a draft of `kind` for `target` and return its artifact directory.
+
+    Stops at max_steps or after budget_minutes of training (whichever first). An existing complete
+    artifact with the same config is returned as is; an interrupted one resumes from its checkpoint.
+    stop_after (steps, not part of the config) simulates an interruption: it checkpoints and returns None.
+    """
+    check_kind(kind)
+    if isinstance(target, str):
+        target, tokenizer = load_model(target)
+    if tokenizer is None:
+        raise ValueError("pass the target's tokenizer (or give target as a model name)")
+    cfg = make_config(kind, target_name(target), budget_minutes, max_steps, seed, **overrides)
+    out = artifact_dir(cfg, root)
+    if (out / MARKER).exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+
+    data = training_data(target, tokenizer, cfg)
+    keep = None
+    if kind in ("feature", "heads") and cfg["head_vocab"]:
+        keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
+    net = build_net(kind, target, cfg, keep)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    state = {"step": 0, "elapsed": 0.0, "losses": []}
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        gen.set_state(saved["gen"])
+        torch.set_rng_state(saved["torch_rng"])
+        state = saved["state"]
+
+    def checkpoint():
+        atomic_save({"model": trainable_state(net), "opt": opt.state_dict(), "gen": gen.get_state(),
+                     "torch_rng": torch.get_rng_state(), "state": state}, ckpt)
+
+    length = window_length(cfg)
+    starts = window_starts(data, length)
+    budget_s = cfg["budget_minutes"] * 60 if cfg["budget_minutes"] else math.inf
+    total = cfg["max_steps"] or None
+    net.train()
+    bar = tqdm(total=total, initial=state["step"], desc=f"train {kind}", disable=not progress)
+    last_ckpt = time.monotonic()
+    while True:
+        if (total and state["step"] >= total) or state["elapsed"] >= budget_s:
+            break
+        if stop_after is not None and state["step"] >= stop_after:
+            checkpoint()
+            bar.close()
+            return None
+        t0 = time.monotonic()
+        prog = state["step"] / total if total else state["elapsed"] / budget_s
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, state["step"], prog)
+        loss = LOSSES[kind](net, get_batch(data, starts, cfg, length, gen), cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        state["step"] += 1
+        state["elapsed"] += time.monotonic() - t0
+        state["losses"].append(round(loss.item(), 4))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if time.monotonic() - last_ckpt > checkpoint_seconds:
+            checkpoint()
+            last_ckpt = time.monotonic()
+    bar.close()
+    save_artifact(kind, net, cfg, state, out)
+    ckpt.unlink(missing_ok=True)
+    return out
+
+
+def save_artifact(kind: str, net, cfg: dict, state: dict, out: Path) -> None:
+    if kind in ("small", "seqkd"):
+        tmp = out / ".model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        net.save_pretrained(tmp)  # a plain HF model directory, usable without specrepro
+        shutil.rmtree(out / "model", ignore_errors=True)
+        os.replace(tmp, out / "model")
+    else:
+        save_file(trainable_state(net), str(out / "net.safetensors.tmp"))
+        os.replace(out / "net.safetensors.tmp", out / "net.safetensors")
+    losses = state["losses"]
+    meta = {"steps": state["step"], "train_seconds": round(state["elapsed"], 1),
+            "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1), "first_loss": losses[0] if losses else None,
+            "threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (out / MARKER).write_text(json.dumps(meta, indent=1))  # last: the artifact is complete
+
+
+# --------------------------------------------------------------------------------------- load
+
+
+def find_artifact(kind: str, target_name_: str, root=None) -> Path | None:
+    """The most recently completed artifact of `kind` for this target."""
+    root = Path(root) if root is not None else specrepro_home() / "drafts"
+    found = []
+    for d in root.glob(f"{kind}-*"):
+        if (d / MARKER).exists() and (d / "config.json").exists():
+            cfg = json.loads((d / "config.json").read_text())
+            if cfg.get("kind") == kind and cfg.get("target") == target_name_:
+                found.append(((d / MARKER).stat().st_mtime, d))
+    return max(found)[1] if found else None
+
+
+def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
+    """A ready Draft from a trained artifact (the newest for this kind and target unless `path`)."""
+    from transformers import LlamaForCausalLM
+
+    check_kind(kind)
+    if isinstance(target, str):
+        target, _ = load_model(target)
+    name = target_name(target)
+    path = Path(path) if path is not None else find_artifact(kind, name, root)
+    if path is None or not (path / MARKER).exists():
+        raise FileNotFoundError(
+            f"no trained {kind!r} draft for target {name!r} under {root or specrepro_home() / 'drafts'}; "
+            f"train one with: python -m specrepro.drafts.train {kind} --budget-minutes 5"
+        )
+    cfg = json.loads((path / "config.json").read_text())
+    if cfg["kind"] != kind or cfg["target"] != name:
+        raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
+    if kind in ("small", "seqkd"):
+        return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").eval())
+    weights = load_file(str(path / "net.safetensors"))
+    keep = weights["keep"] if weights["keep"].numel() else None
+    net = build_net(kind, target, cfg, keep)
+    net.load_state_dict(weights)
+    return make_draft(kind, net, target)

@@ -1,0 +1,155 @@
+"""Trained drafts: train a few steps, save, load, stay lossless in speculative_generate; resume works.
+
+The real SmolLM2 target is used with tiny distillation data and a handful of steps, so the point is the
+plumbing (and exact greedy parity), not draft quality.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrepro.drafts import FeatureDraft, HeadsDraft, SmallDraft, load, train
+from specrepro.drafts.trainer import KINDS, MARKER
+from specrepro.sampling import SamplingConfig
+from specrepro.speculative import autoregressive_generate, speculative_generate
+
+TINY_DATA = {"news_tokens": 512, "code_tokens": 512, "gen_news": 2, "gen_code": 2, "gen_new_tokens": 8,
+             "batch": 2, "window": 32}
+TINY_SHAPE = {"small": {"hidden": 64, "layers": 1, "ffn": 128}, "seqkd": {"hidden": 64, "layers": 1, "ffn": 128},
+              "feature": {"ffn": 256, "head_vocab": 4096}, "heads": {"heads": 3, "head_vocab": 4096}}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """The real target and tokenizer, and a throwaway SPECREPRO_HOME for data caches and artifacts."""
+    from specrepro.models import load_model
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("smollm2-135m-instruct")  # from the real cache, before redirecting it
+    home = tmp_path_factory.mktemp("home")
+    old = os.environ.get("SPECREPRO_HOME")
+    os.environ["SPECREPRO_HOME"] = str(home)
+    yield model, tokenizer, home
+    if old is None:
+        os.environ.pop("SPECREPRO_HOME")
+    else:
+        os.environ["SPECREPRO_HOME"] = old
+
+
+def tiny_train(kind, real, root, **kw):
+    model, tokenizer, _ = real
+    return train(kind, target=model, tokenizer=tokenizer, budget_minutes=None, root=root, progress=False,
+                 **TINY_DATA | TINY_SHAPE[kind] | {"max_steps": 4} | kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def untrained(kind, target):
+    if kind == "small":
+        return SmallDraft.from_config(target, {"hidden": 32, "layers": 1, "ffn": 64, "head_dim": 16})
+    if kind == "feature":
+        return FeatureDraft.init_for(target, {"ffn": 64}, keep=torch.arange(0, 300, 2))
+    return HeadsDraft.init_for(target, {"heads": 3})
+
+
+@pytest.mark.parametrize("kind", ["small", "feature", "heads"])
+def test_untrained_drafts_are_lossless_greedy_on_a_tiny_target(kind, tiny_target):
+    prompt = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(1))
+    ref = autoregressive_generate(tiny_target, prompt, 25, temperature=0).tokens
+    draft = untrained(kind, tiny_target)
+    for k in (1, 3, 5):
+        assert torch.equal(speculative_generate(tiny_target, draft, prompt, 25, lookahead=k, temperature=0).tokens, ref)
+    one = speculative_generate(tiny_target, draft, prompt[:1], 10, lookahead=2, temperature=0).tokens
+    assert torch.equal(one, autoregressive_generate(tiny_target, prompt[:1], 10, temperature=0).tokens)
+
+
+@pytest.mark.parametrize("kind", ["small", "feature", "heads"])
+def test_draft_rows_are_distributions_and_tokens_are_in_their_support(kind, tiny_target):
+    draft = untrained(kind, tiny_target)
+    seq = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2))
+    hidden = tiny_target.get_decoder()(input_ids=seq[:-1].view(1, -1)).last_hidden_state[0].detach()
+    sampling = SamplingConfig(0.8, top_k=50)
+    tokens, p = draft.propose(seq, 4, sampling, torch.Generator().manual_seed(0), hidden)
+    assert p.shape == (4, 300)
+    assert torch.allclose(p.sum(-1), torch.ones(4), atol=1e-5)
+    assert (p[torch.arange(4), tokens] > 0).all()
+
+
+def test_feature_cache_matches_a_fresh_draft(tiny_target):
+    """After proposing, accepting some and rejecting the rest, the cached state equals a cold start."""
+    draft = FeatureDraft.init_for(tiny_target, {"ffn": 64})
+    seq = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(3))
+    hidden = tiny_target.get_decoder()(input_ids=seq.view(1, -1)).last_hidden_state[0].detach()
+    greedy = SamplingConfig(0)
+    draft.propose(seq[:8], 4, greedy, None, hidden[:7])
+    warm, warm_p = draft.propose(seq[:11], 4, greedy, None, hidden[:10])
+    draft.reset()
+    cold, cold_p = draft.propose(seq[:11], 4, greedy, None, hidden[:10])
+    assert torch.equal(warm, cold)
+    assert torch.allclose(warm_p, cold_p)
+
+
+def test_small_draft_works_as_hf_assistant_model(tiny_target):
+    draft = untrained("small", tiny_target)
+    ids = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(4))
+    plain = tiny_target.generate(ids, max_new_tokens=12, do_sample=False)
+    assisted = tiny_target.generate(ids, assistant_model=draft.model, max_new_tokens=12, do_sample=False)
+    assert torch.equal(plain, assisted)
+
+
+def test_bad_input_is_rejected(real, tmp_path):
+    model, tokenizer, _ = real
+    with pytest.raises(ValueError, match="unknown draft kind"):
+        train("tiny", target=model, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="budget_minutes"):
+        train("small", target=model, tokenizer=tokenizer, budget_minutes=-1)
+    with pytest.raises(ValueError, match="unknown settings"):
+        train("small", target=model, tokenizer=tokenizer, budget_minutes=1, hiden=3)
+    with pytest.raises(FileNotFoundError, match="python -m specrepro.drafts.train heads"):
+        load("heads", target=model, root=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_trained_draft_round_trip_is_lossless(kind, real):
+    model, tokenizer, home = real
+    out = tiny_train(kind, real, home / "art")
+    assert (out / MARKER).exists() and (out / "config.json").exists()
+    assert not (out / "checkpoint.pt").exists()
+    draft = load(kind, target=model, root=home / "art")
+    msgs = [{"role": "user", "content": "Summarise in one sentence: the cat sat on the mat all day."}]
+    prompt = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = prompt["input_ids"][0]
+    ref = autoregressive_generate(model, prompt, 16, temperature=0, eos_token_id=tokenizer.eos_token_id)
+    got = speculative_generate(model, draft, prompt, 16, lookahead=4, temperature=0, eos_token_id=tokenizer.eos_token_id)
+    assert torch.equal(got.tokens, ref.tokens)
+    # a second call returns the finished artifact instead of training again
+    assert tiny_train(kind, real, home / "art") == out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["small", "feature"])
+def test_interrupted_training_resumes_to_the_same_weights(kind, real):
+    _, _, home = real
+    straight = tiny_train(kind, real, home / "straight", max_steps=6)
+    assert tiny_train(kind, real, home / "resumed", max_steps=6, stop_after=3) is None
+    cfg_dir = next((home / "resumed").glob(f"{kind}-*"))
+    assert (cfg_dir / "checkpoint.pt").exists() and not (cfg_dir / MARKER).exists()
+    resumed = tiny_train(kind, real, home / "resumed", max_steps=6)
+    assert resumed.name == straight.name
+    from safetensors.torch import load_file
+
+    name = "model/model.safetensors" if kind == "small" else "net.safetensors"
+    a, b = load_file(str(straight / name)), load_file(str(resumed / name))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
