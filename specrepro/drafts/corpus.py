@@ -6,7 +6,6 @@ Evaluation data (news eval split, HumanEval) is never read here except to build 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import random
 import sysconfig
@@ -15,41 +14,22 @@ from pathlib import Path
 import torch
 
 from ..models import specrepro_home
+from ..tasks.news import NewsExample, load_news, summarisation_prompt
 
-LEE_FILE = "gensim/test/test_data/lee_background.cor"
-NEWS_EVAL_SIZE = 100
-NEWS_INSTRUCTION = "Summarise the following news article in one sentence."
 STDLIB_EXCLUDE = ("test", "idlelib", "site-packages", "lib2to3", "tkinter", "turtledemo")
 
 
 def news_texts(split: str) -> list[str]:
-    """Whole news articles of a split ("train" or "eval"), one string each.
-
-    Uses specrepro.tasks.news when it exists so both modules agree on the held-out articles; otherwise
-    the same rule on the raw file: file order 0..299, Random(0).shuffle, the last 100 are eval.
-    """
+    """Whole news articles of a split ("train" or "eval"), one string each, from specrepro.tasks.news
+    so that drafts never see the held-out articles the notebooks evaluate on."""
     if split not in ("train", "eval"):
         raise ValueError(f"news split must be 'train' or 'eval', got {split!r}")
-    try:
-        from ..tasks.news import load_news
-    except ImportError:
-        load_news = None
-    if load_news is not None:
-        return [f"{ex.reference} {ex.document}" for ex in load_news(split=split)]
-    path = Path(importlib.metadata.distribution("gensim").locate_file(LEE_FILE))
-    articles = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
-    indices = list(range(len(articles)))
-    random.Random(0).shuffle(indices)
-    chosen = indices[-NEWS_EVAL_SIZE:] if split == "eval" else indices[:-NEWS_EVAL_SIZE]
-    return [articles[i] for i in chosen if articles[i]]
+    return [f"{ex.reference} {ex.document}" for ex in load_news(split=split)]
 
 
 def news_prompt(tokenizer, article: str, max_document_tokens: int = 300) -> str:
     """The chat-formatted summarisation request the target is evaluated with (truncated document)."""
-    ids = tokenizer(article, add_special_tokens=False)["input_ids"][:max_document_tokens]
-    document = tokenizer.decode(ids)
-    messages = [{"role": "user", "content": f"{NEWS_INSTRUCTION}\n\n{document}"}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return summarisation_prompt(NewsExample("", article, ""), tokenizer, max_document_tokens)
 
 
 def stdlib_files() -> list[Path]:

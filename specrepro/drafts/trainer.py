@@ -22,7 +22,9 @@ from tqdm.auto import tqdm
 from . import feature, heads, small
 from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
+from .lookup import LookupDraft, TruncatedDraft
 from ..models import load_model, specrepro_home
+from ..runners import context_window, vocab_size
 
 KINDS = ("small", "seqkd", "feature", "heads")
 VERSION = 2  # bump when a code change makes old artifacts and checkpoints incompatible
@@ -34,9 +36,13 @@ KIND_DEFAULTS = {"small": small.DEFAULTS, "seqkd": SEQKD_DEFAULTS, "feature": fe
 KIND_SOURCES = {"small": ("text",), "seqkd": ("gen",), "feature": ("text", "gen"), "heads": ("text", "gen")}
 
 
-def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"unknown draft kind {kind!r}; choose one of {', '.join(KINDS)}")
+FREE_KINDS = ("lookup", "truncated")  # training-free: load() builds them directly
+TRUNCATED_LAYERS = 4  # the cheap self-speculative baseline; TruncatedDraft(target, n) for others
+
+
+def check_kind(kind: str, allowed=KINDS) -> None:
+    if kind not in allowed:
+        raise ValueError(f"unknown draft kind {kind!r}; choose one of {', '.join(allowed)}")
 
 
 def make_config(kind: str, target_name: str, budget_minutes: float | None = 5.0, max_steps: int | None = None,
@@ -268,9 +274,13 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     """A ready Draft from a trained artifact (the newest for this kind and target unless `path`)."""
     from transformers import LlamaForCausalLM
 
-    check_kind(kind)
+    check_kind(kind, KINDS + FREE_KINDS)
     if isinstance(target, str):
         target, _ = load_model(target)
+    if kind == "lookup":
+        return LookupDraft(vocab_size(target), context_window=context_window(target))
+    if kind == "truncated":
+        return TruncatedDraft(target, n_layers=TRUNCATED_LAYERS)
     name = target_name(target)
     path = Path(path) if path is not None else find_artifact(kind, name, root)
     if path is None or not (path / MARKER).exists():
