@@ -12,7 +12,7 @@ from conftest import EOS, tiny_llama
 from specrepro import speculative_generate
 from specrepro import speculative as spec_module
 from specrepro import wrong as wrong_samplers
-from specrepro.drafts import LookupDraft, ModelDraft, TruncatedDraft
+from specrepro.drafts import FeatureDraft, HeadsDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
 from specrepro.sampling import SamplingConfig
 from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
 
@@ -33,6 +33,11 @@ CONFIGS = [
 DRAFTS = [
     ("lookup", lambda target, draft: LookupDraft(target.config.vocab_size, max_ngram=2)),
     ("truncated", lambda target, draft: TruncatedDraft(tiny_llama(0, layers=2), n_layers=1)),
+    ("small", lambda target, draft: SmallDraft.from_config(target, {"hidden": 16, "layers": 1, "ffn": 32, "head_dim": 8})),
+    ("feature", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, seed=3)),
+    # a reduced draft vocabulary: p is zero outside tokens {0, 1, 3}, still a proper distribution
+    ("feature-reduced-vocab", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, keep=torch.tensor([0, 1, 3]), seed=4)),
+    ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
 ]
 # the correct configurations, the draft strategies and the no-bonus control share one family
 ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
