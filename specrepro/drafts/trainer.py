@@ -252,7 +252,8 @@ def save_artifact(kind: str, net, cfg: dict, state: dict, out: Path) -> None:
     meta = {"steps": state["step"], "train_seconds": round(state["elapsed"], 1),
             "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1), "first_loss": losses[0] if losses else None,
             "threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (out / MARKER).write_text(json.dumps(meta, indent=1))  # last: the artifact is complete
+    (out / f"{MARKER}.tmp").write_text(json.dumps(meta, indent=1))
+    os.replace(out / f"{MARKER}.tmp", out / MARKER)  # last, and atomic: the artifact is complete
 
 
 # --------------------------------------------------------------------------------------- load
