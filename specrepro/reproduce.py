@@ -1,12 +1,15 @@
 """Run the reproduction notebooks in order with papermill.
 
     python -m specrepro.reproduce --profile cpu [--only NAME ...] [--figures-only] [--force] [--sync]
+                                  [--output-root DIR] [--set NAME=VALUE ...]
 
 Notebooks are jupytext percent files `notebooks/NN_name.py`; each run converts them to `.ipynb` (git-ignored)
 and executes them with the parameters of `notebooks/params/<profile>.yaml` (one mapping per notebook name)
 plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A notebook that finished with
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
-files, so a rerun after a kill resumes where it stopped.
+files, so a rerun after a kill resumes where it stopped. --output-root DIR sends everything a run writes
+(figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
+every selected notebook (checked like the params file: a name the notebook does not define is an error).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from .experiments import PROFILES, check_params, repo_root
-from .results import write_json
+from .results import atomic_write_text, write_json
 
 ROOT = repo_root()
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -38,6 +41,17 @@ def output_dirs(profile: str) -> dict:
     """cpu writes the committed figures/; smoke and gpu write figures/<profile>/ so they never clobber them."""
     return {"out_dir": "figures" if profile == "cpu" else f"figures/{profile}",
             "results_dir": f"runs/{profile}/results"}
+
+
+def parse_overrides(pairs) -> dict:
+    """["n_samples=40", "chunk=10"] -> {"n_samples": 40, "chunk": 10}; values are read as YAML."""
+    out = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--set expects NAME=VALUE, got {pair!r}")
+        out[name.strip()] = yaml.safe_load(value)
+    return out
 
 
 def load_profile(profile: str, params_dir: Path | None = None) -> dict[str, dict]:
@@ -66,8 +80,6 @@ def sync_notebooks(names=None) -> list[Path]:
         if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
             nb = jupytext.read(src)
             nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-            from .results import atomic_write_text
-
             atomic_write_text(dst, jupytext.writes(nb, fmt="ipynb"))
         out.append(dst)
     return out
@@ -85,7 +97,8 @@ def install_kernel() -> None:
     kernel_dir.mkdir(parents=True, exist_ok=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "specrepro (this venv)", "language": "python"}
-    (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    # atomic: a second run starting at the same moment must never read a half-written kernel.json
+    atomic_write_text(kernel_dir / "kernel.json", json.dumps(spec, indent=1))
     paths = [str(ROOT / "runs" / "jupyter")] + [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
     os.environ["JUPYTER_PATH"] = os.pathsep.join(dict.fromkeys(paths))
     # the kernel imports this checkout's specrepro, and draws figures without a display
@@ -94,8 +107,12 @@ def install_kernel() -> None:
     os.environ.setdefault("MPLBACKEND", "agg")
 
 
-def plan(profile: str, only=None) -> list[tuple[str, dict]]:
-    """[(notebook, parameters)] to run, every parameter checked against the notebook's parameters cell."""
+def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tuple[str, dict]]:
+    """[(notebook, parameters)] to run, every parameter checked against the notebook's parameters cell.
+
+    overrides: parameters set for every selected notebook (after the params file); output_root: a folder
+    that replaces the profile's output folders (its figures/ and results/).
+    """
     per_notebook = load_profile(profile)
     names = notebook_names()
     if only:
@@ -106,21 +123,27 @@ def plan(profile: str, only=None) -> list[tuple[str, dict]]:
     sync_notebooks(names)
     jobs = []
     for name in names:
-        params = {"profile": profile, **output_dirs(profile), **per_notebook[name]}
+        dirs = output_dirs(profile)
+        if output_root is not None:
+            root = Path(output_root).resolve()
+            dirs = {"out_dir": str(root / "figures"), "results_dir": str(root / "results")}
+        params = {"profile": profile, **dirs, **per_notebook[name], **(overrides or {})}
         try:
             check_params(params, notebook_parameters(NOTEBOOK_DIR / f"{name}.ipynb"))
         except ValueError as err:
-            raise SystemExit(f"notebooks/params/{profile}.yaml, notebook {name}: {err}") from None
+            where = "--set" if set(overrides or {}) - set(per_notebook[name]) else f"notebooks/params/{profile}.yaml"
+            raise SystemExit(f"{where}, notebook {name}: {err}") from None
         jobs.append((name, params))
     return jobs
 
 
-def run(profile: str, only=None, force: bool = False, cell_timeout: int | None = None) -> list[Path]:
+def run(profile: str, only=None, force: bool = False, cell_timeout: int | None = None, overrides=None,
+        output_root=None) -> list[Path]:
     import papermill
 
-    jobs = plan(profile, only)
+    jobs = plan(profile, only, overrides, output_root)
     install_kernel()
-    run_dir = ROOT / "runs" / profile
+    run_dir = Path(output_root).resolve() if output_root is not None else ROOT / "runs" / profile
     run_dir.mkdir(parents=True, exist_ok=True)
     outputs = []
     for name, params in jobs:
@@ -131,7 +154,7 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
             print(f"[reproduce] {name}: finished earlier with these parameters, skipped (--force reruns it)")
             continue
         output = run_dir / f"{name}.ipynb"
-        print(f"[reproduce] {name} ({profile}) -> {output.relative_to(ROOT)}", flush=True)
+        print(f"[reproduce] {name} ({profile}) -> {output}", flush=True)
         start = time.time()
         try:
             papermill.execute_notebook(
@@ -159,6 +182,9 @@ def main(argv=None) -> None:
     ap.add_argument("--force", action="store_true", help="rerun notebooks that already finished")
     ap.add_argument("--sync", action="store_true", help="only write notebooks/*.ipynb from the jupytext .py files")
     ap.add_argument("--cell-timeout", type=int, help="seconds a cell may run (default by profile)")
+    ap.add_argument("--output-root", metavar="DIR", help="write figures, results and executed notebooks under DIR")
+    ap.add_argument("--set", action="append", metavar="NAME=VALUE", dest="overrides",
+                    help="override a notebook parameter (YAML value), e.g. --set n_samples=40; repeatable")
     args = ap.parse_args(argv)
     if args.sync:
         for p in sync_notebooks():
@@ -168,10 +194,11 @@ def main(argv=None) -> None:
         from .plots import replot
 
         load_profile(args.profile)
-        for p in replot(ROOT / output_dirs(args.profile)["out_dir"]):
+        figures = Path(args.output_root) / "figures" if args.output_root else ROOT / output_dirs(args.profile)["out_dir"]
+        for p in replot(figures):
             print(p)
         return
-    run(args.profile, args.only, args.force, args.cell_timeout)
+    run(args.profile, args.only, args.force, args.cell_timeout, parse_overrides(args.overrides), args.output_root)
 
 
 if __name__ == "__main__":

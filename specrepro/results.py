@@ -2,13 +2,18 @@
 
 Each finished item is one JSON line, flushed and fsynced before the next item starts, so a run killed at
 any moment loses at most the item in flight. On restart the items already present are skipped. A line
-torn by the kill (no trailing newline, or not valid JSON) is dropped with a warning and cut from the file.
+torn by the kill (no trailing newline) is dropped with a warning and cut from the file; a complete line that
+is not a valid record is skipped with a warning (the records after it are kept).
+Appends and that clean-up hold an exclusive lock on the file (fcntl.flock), so two runs sharing a results
+file never interleave their lines, and one never cuts a line that the other is still writing.
 Final tables are written to a temporary file in the same directory and moved into place with os.replace,
 so readers see the old file or the new one, never half of one.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
@@ -33,27 +38,37 @@ class ResultsFile:
     def _load(self) -> None:
         if not self.path.exists():
             return
-        data = self.path.read_bytes()
-        good_end = 0  # byte offset after the last complete, parseable line
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
-            try:
-                record = json.loads(line)
-            except ValueError:
-                break
-            self.records[str(record[self.key])] = record
-            good_end += len(line)
-        if good_end < len(data):
-            dropped = data[good_end:]
+        with _locked(self.path) as f:
+            self._read_and_repair(f)
+
+    def _read_and_repair(self, f) -> None:
+        data = f.read()
+        lines = data.splitlines(keepends=True)
+        torn = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+        offset = 0
+        for line in lines:
+            record = self._parse(line)
+            if record is None:
+                warnings.warn(f"{self.path}: skipped a corrupt line at byte {offset} ({len(line)} bytes); "
+                              "that item will be redone")
+            else:
+                self.records[str(record[self.key])] = record
+            offset += len(line)
+        if torn:
             warnings.warn(
-                f"{self.path}: dropped a torn or corrupt line at byte {good_end} "
-                f"({len(dropped)} bytes, an interrupted write); that item will be redone"
+                f"{self.path}: dropped a torn last line at byte {offset} "
+                f"({len(torn)} bytes, an interrupted write); that item will be redone"
             )
-            with open(self.path, "r+b") as f:
-                f.truncate(good_end)
-                f.flush()
-                os.fsync(f.fileno())
+            f.truncate(offset)
+            os.fsync(f.fileno())
+
+    def _parse(self, line: bytes) -> dict | None:
+        """The record on one complete line, or None if the line is not a JSON object with the key."""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) and self.key in record else None
 
     def __contains__(self, key: str) -> bool:
         return str(key) in self.records
@@ -63,8 +78,11 @@ class ResultsFile:
 
     def append(self, record: dict) -> None:
         """Write one item durably (flush + fsync) and remember it."""
-        line = json.dumps(record, sort_keys=True, default=_jsonable) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        line = (json.dumps(record, sort_keys=True, default=_jsonable) + "\n").encode()
+        with _locked(self.path) as f:
+            if not _ends_clean(f):
+                line = b"\n" + line  # a writer killed mid-line left a torn tail: keep our line whole
+            f.seek(0, os.SEEK_END)
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -72,6 +90,27 @@ class ResultsFile:
 
     def values(self) -> list[dict]:
         return list(self.records.values())
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """The file opened for reading and writing (created if missing) under an exclusive flock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "r+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield f
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _ends_clean(f) -> bool:
+    """True if the file is empty or ends with a newline."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return True
+    f.seek(end - 1)
+    return f.read(1) == b"\n"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

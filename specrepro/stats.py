@@ -28,6 +28,8 @@ def exact_joint(
     A sequence ending in EOS before n_tokens is a complete outcome of its own (shorter tuple).
     Uses uncached full forwards, so it is independent of the KV-cache code it checks.
     """
+    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be an integer >= 1, got {n_tokens!r}")
     out: dict[tuple[int, ...], float] = {}
     frontier = [((), 1.0)]
     for _ in range(n_tokens):

@@ -96,3 +96,95 @@ def test_mismatched_tokenizers():
     sr.check_tokenizers(a, _word_tokenizer(["<unk>", "</s>", "hello", "world"]))
     with pytest.raises(ValueError, match="tokenizers differ .*2 with different ids"):
         sr.check_tokenizers(a, b)
+
+
+# --- every other public entry point: tasks, stats, drafts, sandbox, experiments ---------------------------
+
+def _bad_inputs():
+    from specrepro import experiments as ex
+    from specrepro.sampling import SamplingConfig
+    from specrepro.stats import exact_joint
+    from specrepro.tasks.humaneval import load_humaneval, pass_at_k
+    from specrepro.tasks.news import load_news
+    from specrepro.tasks.sandbox import run_untrusted
+
+    model = tiny_llama(0, vocab=5)
+    return [
+        ("news split", lambda: load_news(split="bogus"), ValueError, "split must be one of"),
+        ("news n < 0", lambda: load_news(n=-1), ValueError, "n must be an integer >= 0"),
+        ("news n float", lambda: load_news(n=2.5), ValueError, "n must be an integer >= 0"),
+        ("news source", lambda: load_news(source="nowhere"), ValueError, "unknown news source"),
+        ("news source type", lambda: load_news(source=3), TypeError, "news source must be"),
+        ("humaneval n < 0", lambda: load_humaneval(n=-3), ValueError, "n must be an integer >= 0"),
+        ("humaneval source", lambda: load_humaneval(source="bogus"), ValueError, "unknown HumanEval source"),
+        ("humaneval source type", lambda: load_humaneval(source=None), TypeError, "HumanEval source must be"),
+        ("pass@k c > n", lambda: pass_at_k(3, 4, 1), ValueError, "0 <= c <= n"),
+        ("pass@k k < 1", lambda: pass_at_k(3, 1, 0), ValueError, "1 <= k <= n"),
+        ("pass@k k > n", lambda: pass_at_k(3, 1, 4), ValueError, "1 <= k <= n"),
+        ("pass@k float", lambda: pass_at_k(3, 1.5, 1), ValueError, "must be integers"),
+        ("sandbox timeout 0", lambda: run_untrusted("pass", timeout=0), ValueError, "timeout must be"),
+        ("sandbox timeout < 0", lambda: run_untrusted("pass", timeout=-1), ValueError, "timeout must be"),
+        ("sandbox timeout nan", lambda: run_untrusted("pass", timeout=float("nan")), ValueError, "timeout"),
+        ("sandbox timeout inf", lambda: run_untrusted("pass", timeout=float("inf")), ValueError, "timeout"),
+        ("sandbox memory", lambda: run_untrusted("pass", memory_mb=0), ValueError, "memory_mb"),
+        ("sandbox processes", lambda: run_untrusted("pass", max_processes=0), ValueError, "max_processes"),
+        ("sandbox code type", lambda: run_untrusted(b"pass"), TypeError, "code must be a str"),
+        ("exact_joint n_tokens 0", lambda: exact_joint(model, PROMPT, 0, SamplingConfig()), ValueError,
+         "n_tokens must be an integer >= 1"),
+        ("exact_joint n_tokens < 0", lambda: exact_joint(model, PROMPT, -2, SamplingConfig()), ValueError,
+         "n_tokens"),
+        ("lookup vocab", lambda: sr.drafts.LookupDraft(0), ValueError, "vocab_size must be an integer >= 1"),
+        ("lookup vocab type", lambda: sr.drafts.LookupDraft("49152"), ValueError, "vocab_size"),
+        ("lookup ngram", lambda: sr.drafts.LookupDraft(10, max_ngram=1, min_ngram=2), ValueError,
+         "min_ngram <= max_ngram"),
+        ("lookup ngram type", lambda: sr.drafts.LookupDraft(10, max_ngram=2.0), ValueError, "min_ngram"),
+        ("lookup window", lambda: sr.drafts.LookupDraft(10, context_window=0), ValueError, "context_window"),
+        ("truncated layers", lambda: sr.drafts.TruncatedDraft(model, n_layers=1), ValueError, "n_layers must be"),
+        ("notebook parameter", lambda: ex.check_params({"n_sampels": 5}, {"n_samples"}), ValueError,
+         r"unknown parameter\(s\) \['n_sampels'\]"),
+        ("profile", lambda: ex.run_header("laptop", 0, 1), ValueError, "unknown profile"),
+        ("K = 0 in a setting", lambda: _losslessness_with(lookahead=0), ValueError, r"lookahead \(K\)"),
+        ("K = 33 in a setting", lambda: _losslessness_with(lookahead=33), ValueError, r"in 1\.\.32"),
+    ]
+
+
+def _losslessness_with(lookahead):
+    import tempfile
+
+    from specrepro import experiments as ex
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ex.run_losslessness([{"name": "x", "sampler": "sps", "lookahead": lookahead}], f"{tmp}/r.jsonl",
+                            n_samples=2, chunk=2)
+
+
+BAD_INPUTS = _bad_inputs()
+
+
+@pytest.mark.parametrize("call, error, message", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_public_functions_reject_bad_input(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile", "laptop"], "unknown profile 'laptop'"),
+    (["--profile", "smoke", "--only", "01_losless"], r"unknown notebook\(s\) \['01_losless'\]"),
+    (["--profile", "smoke", "--only", "01_losslessness", "--set", "n_sampels=5"], "--set.*n_sampels"),
+    (["--profile", "smoke", "--set", "n_samples"], "--set expects NAME=VALUE"),
+])
+def test_reproduce_cli_rejects_bad_input(argv, message, tmp_path):
+    from specrepro import reproduce
+
+    with pytest.raises(SystemExit, match=message):
+        reproduce.main(argv + ["--output-root", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []  # nothing ran
+
+
+def test_params_file_typo_is_named_by_the_cli(tmp_path, monkeypatch):
+    from specrepro import reproduce
+
+    (tmp_path / "smoke.yaml").write_text("01_losslessness:\n  n_sampels: 5\n")
+    monkeypatch.setattr(reproduce, "PARAMS_DIR", tmp_path)
+    with pytest.raises(SystemExit, match=r"params/smoke.yaml, notebook 01_losslessness: unknown.*n_sampels"):
+        reproduce.main(["--profile", "smoke", "--only", "01_losslessness", "--output-root", str(tmp_path / "o")])

@@ -191,3 +191,112 @@ def test_megabytes_of_output_are_truncated():
     assert result.status == "passed"
     assert result.stdout.startswith("y" * 10_000)
     assert len(result.stdout) < 10_200 and "truncated" in result.stdout
+
+
+def _tree_digest(root: Path, depth: int) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every entry of ``root`` down to ``depth`` levels (HOME is too big to walk whole)."""
+    out = {}
+    for entry in root.iterdir():
+        stat = entry.lstat()
+        out[str(entry)] = (stat.st_size, stat.st_mtime_ns)
+        if depth > 1 and entry.is_dir() and not entry.is_symlink():
+            try:
+                out.update(_tree_digest(entry, depth - 1))
+            except OSError:
+                pass
+    return out
+
+
+def test_home_and_project_tree_untouched_by_absolute_paths(tmp_path):
+    home, token = Path.home(), _token().replace(".", "")
+    canaries = {home / f".specrepro-canary-{token}": b"home", PROJECT / f".specrepro-canary-{token}": b"project"}
+    for path, data in canaries.items():
+        path.write_bytes(data)
+    try:
+        before = {root: _tree_digest(root, 2) for root in (home, PROJECT)}
+        targets = [str(p) for p in canaries] + [str(PROJECT / "specrepro" / "__init__.py"), str(home)]
+        code = (
+            "import os, shutil\n"
+            f"for target in {targets!r}:\n"
+            "    for attack in (lambda: open(target, 'a').write('pwned'), lambda: os.remove(target),\n"
+            "                   lambda: shutil.rmtree(target), lambda: os.rename(target, target + '.x'),\n"
+            f"                   lambda: open(os.path.join(target, 'intruder-{token}'), 'w').write('x')):\n"
+            "        try:\n            attack()\n            print('DONE', target)\n"
+            "        except OSError:\n            pass\n"
+        )
+        result = run_untrusted(code)
+        assert result.status == "passed", result.stderr
+        if not sandbox_info().uid_drop:
+            pytest.skip("without a uid drop the program may write wherever the parent user can")
+        assert "DONE" not in result.stdout
+        for path, data in canaries.items():
+            assert path.read_bytes() == data
+        after = {root: _tree_digest(root, 2) for root in (home, PROJECT)}
+        for root in (home, PROJECT):  # other work on this machine may touch HOME: compare only what we own
+            assert not [p for p in after[root] if token in p and Path(p) not in canaries]
+        assert after[PROJECT] == before[PROJECT]
+    finally:
+        for path in canaries:
+            path.unlink(missing_ok=True)
+
+
+def test_unbounded_fork_bomb_is_contained_and_reaped():
+    if not sandbox_info().nproc_enforced:
+        pytest.skip("as root without a uid drop RLIMIT_NPROC does not apply: a real fork bomb would hurt the host")
+    token = _token()
+    code = (
+        "import os\n"
+        "while True:\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        f"            os.execv('/bin/sleep', ['sleep', '{token}'])\n"
+        "    except OSError:\n        pass\n"
+    )
+    start = time.monotonic()
+    result = run_untrusted(code, timeout=1.5, max_processes=16)
+    assert result.status == "timed_out" and time.monotonic() - start < 5
+    time.sleep(0.2)
+    assert _alive_with(token) == []
+    assert run_untrusted("print('still fine')").stdout == "still fine\n"  # the host can still start programs
+
+
+def test_background_child_dies_with_the_sample():
+    token = _token()
+    code = f"import subprocess\nsubprocess.Popen(['/bin/sleep', '{token}'])\nprint('parent done')\n"
+    result = run_untrusted(code, timeout=3.0)
+    assert result.status == "passed" and result.stdout == "parent done\n" and result.duration < 2.5
+    time.sleep(0.2)
+    assert _alive_with(token) == []
+
+
+HOSTILE_COMPLETIONS = {  # completion -> the status its sample must get
+    "    return a + b\n": "passed",
+    "    return a - b\n": "failed",
+    "    while True:\n        pass\n": "timed_out",
+    "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n":
+        "timed_out",
+    "    x = bytearray(4 * 1024**3)\n    return a + b\n": "failed",
+    "    open('big', 'wb').write(b'x' * 64 * 1024**2)\n    return a + b\n": ("failed", "killed"),
+    "    import sys\n    sys.stdout.write('y' * 8 * 1024**2)\n    sys.stderr.write('z' * 8 * 1024**2)\n"
+    "    return a + b\n": "passed",
+    "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return a + b\n": "failed",
+    "    import os\n    assert 'SPECREPRO_SECRET' not in os.environ\n    return a + b\n": "passed",
+    "    import subprocess\n    subprocess.Popen(['/bin/sleep', '30'])\n    return a + b\n": "passed",
+    "    open('/etc/passwd', 'a').write('x')\n    return a + b\n": "failed",
+}
+
+
+def test_a_batch_mixing_hostile_and_normal_completions(monkeypatch):
+    from specrepro.tasks.humaneval import HumanEvalProblem, check_completion
+
+    monkeypatch.setenv("SPECREPRO_SECRET", "hunter2-secret")
+    problem = HumanEvalProblem("toy/add", "def add(a, b):\n", "    return a + b\n",
+                               "def check(f):\n    assert f(2, 3) == 5\n", "add")
+    statuses = {c: check_completion(problem, c, timeout=1.5) for c in HOSTILE_COMPLETIONS}
+    for completion, expected in HOSTILE_COMPLETIONS.items():
+        got = statuses[completion]
+        assert got.status in (expected if isinstance(expected, tuple) else (expected,)), (completion, got)
+        assert len(got.stdout) < 70_000 and len(got.stderr) < 70_000
+        assert "hunter2" not in got.stdout + got.stderr
+    # the run goes on after the hostile samples: a normal one still passes
+    assert check_completion(problem, "    return b + a\n").status == "passed"

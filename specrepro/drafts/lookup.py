@@ -19,8 +19,12 @@ class LookupDraft(Draft):
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, context_window: int | None = None):
         super().__init__()
-        if not 1 <= min_ngram <= max_ngram:
+        if not _is_int(vocab_size) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an integer >= 1 (the target's vocabulary), got {vocab_size!r}")
+        if not (_is_int(min_ngram) and _is_int(max_ngram)) or not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if context_window is not None and (not _is_int(context_window) or context_window < 1):
+            raise ValueError(f"context_window must be an integer >= 1 or None, got {context_window!r}")
         self.vocab_size = vocab_size
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.context_window = context_window
@@ -39,6 +43,10 @@ class LookupDraft(Draft):
                 start = int(hits[-1]) + n  # the most recent match
                 return seq[start : start + k]
         return seq.new_empty(0)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def truncated_model(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:

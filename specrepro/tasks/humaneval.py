@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from specrepro.tasks.hub import load_hub_split
+from specrepro.tasks.news import check_count
 from specrepro.tasks.prompts import as_chat, has_chat_template
 from specrepro.tasks.sandbox import SandboxResult, run_untrusted
 
@@ -61,6 +62,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def load_humaneval(source: str = "offline", n: int | None = None) -> list[HumanEvalProblem]:
     """The first ``n`` problems (all 164 by default) from "offline", "hub" or a .jsonl[.gz] path."""
+    check_count(n)
+    source = str(source) if isinstance(source, Path) else source
+    if not isinstance(source, str):
+        raise TypeError(f"HumanEval source must be 'offline', 'hub' or a .jsonl path, got {type(source).__name__}")
     if source == "offline":
         records: Iterable[dict[str, Any]] = _read_jsonl(humaneval_path())
     elif source == "hub":
@@ -100,6 +105,8 @@ def check_completion(problem: HumanEvalProblem, completion: str, timeout: float 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k) for c correct of n samples."""
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (n, c, k)):
+        raise ValueError(f"n, c and k must be integers, got n={n!r} c={c!r} k={k!r}")
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     if n - c < k:

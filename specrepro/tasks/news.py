@@ -109,6 +109,10 @@ def load_news(split: str = "eval", source: str = "offline", n: int | None = None
     """
     if split not in XSUM_SPLITS:
         raise ValueError(f"split must be one of {sorted(XSUM_SPLITS)}, not {split!r}")
+    check_count(n)
+    source = str(source) if isinstance(source, Path) else source
+    if not isinstance(source, str):
+        raise TypeError(f"news source must be 'offline', 'xsum' or a .jsonl path, got {type(source).__name__}")
     if source == "offline":
         examples = _held_out(offline_examples()[0], split, seed)
     elif source == "xsum":
@@ -118,6 +122,12 @@ def load_news(split: str = "eval", source: str = "offline", n: int | None = None
     else:
         raise ValueError(f"unknown news source {source!r}: use 'offline', 'xsum' or a .jsonl path")
     return examples if n is None else examples[:n]
+
+
+def check_count(n) -> None:
+    """n: how many examples to take, None for all; a negative n would silently drop the last ones."""
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        raise ValueError(f"n must be an integer >= 0 or None (all), got {n!r}")
 
 
 def summarisation_prompt(example: NewsExample, tokenizer: Any = None,

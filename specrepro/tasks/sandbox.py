@@ -304,10 +304,22 @@ def _prepare_scratch(scratch: str, code: str, uid: int | None) -> str:
     return path
 
 
+def _check_arguments(code, timeout, memory_mb, max_output_bytes, max_file_bytes, max_processes) -> None:
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str of Python source, got {type(code).__name__}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    for name, value, low in (("memory_mb", memory_mb, 1), ("max_output_bytes", max_output_bytes, 0),
+                             ("max_file_bytes", max_file_bytes, 0), ("max_processes", max_processes, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
 def run_untrusted(code: str, timeout: float = 5.0, memory_mb: int = 512,
                   max_output_bytes: int = 64_000, max_file_bytes: int = 16 * 1024 * 1024,
                   max_processes: int = 32) -> SandboxResult:
     """Run ``code`` as a Python program under every containment layer available here."""
+    _check_arguments(code, timeout, memory_mb, max_output_bytes, max_file_bytes, max_processes)
     info = sandbox_info()
     uid = _fresh_uid() if info.uid_drop else None
     limits = _rlimits(timeout, memory_mb, max_file_bytes, max_processes, info.uid_drop)
