@@ -35,12 +35,13 @@ lookahead = 4  # K, as in the paper
 n_news = 1  # news examples (the paper: 11,305 XSum examples)
 n_code = 1  # HumanEval problems (164)
 code_samples = 1  # samples per HumanEval problem (the paper: 100)
-pass_k = [1]  # k of pass@k reported (each needs k <= code_samples)
+pass_k = [1]  # the k values of pass-at-k to report, each at most code_samples
 news_max_new_tokens = 8  # the paper: 128
 code_max_new_tokens = 8  # the paper: 512
-news_nucleus = {"temperature": 1.0, "top_p": 0.8}  # paper caption: p = 0.8 (temperature not stated)
-news_greedy = {"temperature": 0.0}
-code_nucleus = {"temperature": 0.8, "top_p": 0.95}  # paper caption: p = 0.95, temperature 0.8
+news_temperature = 1.0  # nucleus decoding on news: the caption states no temperature
+news_top_p = 0.8  # the caption gives nucleus parameter 0.8 for XSum
+code_temperature = 0.8  # the caption: temperature 0.8 for HumanEval
+code_top_p = 0.95  # the caption gives nucleus parameter 0.95 for HumanEval
 check_timeout = 5.0  # seconds per sandboxed HumanEval check
 news_source = "offline"
 code_source = "offline"
@@ -59,16 +60,17 @@ os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
                      device=device, lookahead=lookahead, n_news=n_news, n_code=n_code, code_samples=code_samples,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
-                     news_nucleus=news_nucleus, news_greedy=news_greedy, code_nucleus=code_nucleus,
-                     paper_source=ex.PAPER_TABLE1_SOURCE)
+                     news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
+                     code_top_p=code_top_p, paper_source=ex.PAPER_TABLE1_SOURCE)
 q_model, tokenizer = sr.load_model(target, dtype=getattr(torch, dtype), device=device)
 p_model = ex.make_draft(draft, q_model, dtype=getattr(torch, dtype), device=device)
 news = ex.news_items(tokenizer, n_news, news_source)
 code = ex.code_items(tokenizer, n_code, code_source)
 
 # %%
-rows = ex.run_table1(q_model, p_model, tokenizer, news, code,
-                     {"news": {"nucleus": news_nucleus, "greedy": news_greedy}, "humaneval": {"nucleus": code_nucleus}},
+settings = {"news": {"nucleus": {"temperature": news_temperature, "top_p": news_top_p}, "greedy": {"temperature": 0.0}},
+            "humaneval": {"nucleus": {"temperature": code_temperature, "top_p": code_top_p}}}
+rows = ex.run_table1(q_model, p_model, tokenizer, news, code, settings,
                      Path(results_dir) / f"table1-{ex._slug(draft)}.jsonl", lookahead=lookahead,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed)
