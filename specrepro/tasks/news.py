@@ -11,13 +11,13 @@ with fewer than ``MIN_DOCUMENT_SENTENCES`` sentences left are skipped (see
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from specrepro.packaged import packaged_file
 from specrepro.tasks.hub import load_hub_split
 from specrepro.tasks.prompts import as_chat, has_chat_template, truncate_tokens
 from specrepro.tasks.sentences import split_sentences
@@ -41,14 +41,7 @@ class NewsExample:
 
 def lee_corpus_path() -> Path:
     """Path of the Lee corpus inside the gensim wheel (gensim itself is never imported)."""
-    try:
-        path = Path(importlib.metadata.distribution("gensim").locate_file(LEE_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        path = None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(
-            f"offline news data {LEE_FILE} not found; install it with `pip install --no-deps gensim`")
-    return path
+    return packaged_file("gensim", LEE_FILE)
 
 
 def example_from_article(article: str, id: str) -> NewsExample | None:
