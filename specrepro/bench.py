@@ -82,6 +82,14 @@ def truncated_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     return draft
 
 
+def task_prompts(kind: str, tokenizer, n: int) -> list[torch.Tensor]:
+    """Prompt ids from the evaluation sets: "news-eval" (held-out news, chat-formatted) or "humaneval"."""
+    from .experiments import code_items, news_items
+
+    items = news_items(tokenizer, n) if kind == "news-eval" else code_items(tokenizer, n)
+    return [item["prompt_ids"] for item in items]
+
+
 def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype = torch.float32):
     """`truncated:N`, a saved HF causal LM directory, or a kind known to specrepro.drafts.load."""
     if spec.startswith("truncated:"):
@@ -466,7 +474,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--draft", default="truncated:4", help="truncated:N, a model directory, or a drafts kind")
     ap.add_argument("--ks", default="1-7")
-    ap.add_argument("--prompts", default="news", choices=["news", "code"])
+    ap.add_argument("--prompts", default="news", choices=["news", "code", "news-eval", "humaneval"],
+                    help="built-in news/code prompts, or the held-out news split / HumanEval of specrepro.tasks")
     ap.add_argument("--n-prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
@@ -487,7 +496,9 @@ def main(argv=None) -> dict:
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_model(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, dtype) if args.draft else None
-    prompts = [p.to(args.device) for p in builtin_prompts(args.prompts, tokenizer, args.n_prompts)]
+    prompts = [p.to(args.device) for p in (task_prompts(args.prompts, tokenizer, args.n_prompts)
+                                            if args.prompts in ("news-eval", "humaneval")
+                                            else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
     ks = parse_ks(args.ks)
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
@@ -499,6 +510,8 @@ def main(argv=None) -> dict:
         setup = Setup(target, draft, dtype)
         result["profile"] = {}
         for runner in args.runners.split(","):
+            if not hasattr(setup.drafts[runner], "runner"):  # a draft without a model (lookup): nothing to time
+                continue
             t = setup.lean_target if runner == "lean" else HFRunner(target)
             d = setup.drafts[runner].runner
             result["profile"][runner] = profile_sps(t, d, prompts[0], max(ks) // 2 or 1, args.max_new_tokens)
