@@ -27,7 +27,7 @@ from .drafts.base import ModelDraft
 from .lean import LeanRunner, is_llama_like, set_threads
 from .runners import HFRunner, vocab_size
 from .sampling import SamplingConfig, sample
-from .speculative import autoregressive_generate, rejection_step, speculative_generate
+from .speculative import MAX_LOOKAHEAD, autoregressive_generate, rejection_step, speculative_generate
 
 NEWS = [
     "The Reserve Bank has left interest rates unchanged for the third month in a row, saying inflation is "
@@ -466,6 +466,9 @@ def parse_ks(text: str) -> list[int]:
             out += range(int(lo), int(hi) + 1)
         elif part:
             out.append(int(part))
+    bad = [k for k in out if not 1 <= k <= MAX_LOOKAHEAD]
+    if not out or bad:
+        raise ValueError(f"--ks: lookaheads must be integers in 1..{MAX_LOOKAHEAD}, got {text!r}")
     return out
 
 
@@ -492,6 +495,13 @@ def main(argv=None) -> dict:
 
     from .models import load_model
 
+    try:
+        ks = parse_ks(args.ks)
+    except ValueError as err:
+        ap.error(str(err))
+    for name in ("n_prompts", "max_new_tokens", "reps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     threads = set_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_model(args.target, dtype=dtype, device=args.device)
@@ -499,7 +509,6 @@ def main(argv=None) -> dict:
     prompts = [p.to(args.device) for p in (task_prompts(args.prompts, tokenizer, args.n_prompts)
                                             if args.prompts in ("news-eval", "humaneval")
                                             else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
-    ks = parse_ks(args.ks)
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
         tuple(args.runners.split(",")), hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True,

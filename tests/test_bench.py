@@ -2,6 +2,7 @@
 
 No timing assertions: a benchmark is not a test.
 """
+import pytest
 import csv
 import json
 
@@ -63,3 +64,15 @@ def test_profile_and_helpers():
     assert bench.parse_ks("1,2,...,7") == list(range(1, 8)) == bench.parse_ks("1-7")
     assert bench.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
     assert abs(bench.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ks", "0,1"], "1..32"), (["--ks", "33"], "1..32"), (["--ks", ""], "1..32"),
+    (["--n-prompts", "0"], "--n-prompts must be >= 1"), (["--reps", "-1"], "--reps must be >= 1"),
+])
+def test_bad_cli_arguments_exit_with_a_message(argv, message, capsys):
+    from specrepro.bench import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err

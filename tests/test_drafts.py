@@ -153,3 +153,44 @@ def test_interrupted_training_resumes_to_the_same_weights(kind, real):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_damaged_checkpoint_is_reported_and_training_starts_over(tmp_path):
+    from specrepro.drafts.trainer import atomic_save, resume, trainable_state
+
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(net.parameters())
+    gen = torch.Generator().manual_seed(0)
+    ckpt = tmp_path / "checkpoint.pt"
+    atomic_save({"model": trainable_state(net), "opt": opt.state_dict(), "gen": gen.get_state(),
+                 "torch_rng": torch.get_rng_state(), "state": {"step": 7}}, ckpt)
+    assert resume(ckpt, net, opt, gen) == {"step": 7}
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])  # a half-written file
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.warns(UserWarning, match="is damaged .* training starts over"):
+        assert resume(ckpt, net, opt, gen) is None
+    assert not ckpt.exists()
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    other = torch.nn.Linear(4, 2)  # a checkpoint of another shape is refused before anything is applied
+    atomic_save({"model": trainable_state(other), "opt": {}, "gen": gen.get_state(),
+                 "torch_rng": torch.get_rng_state(), "state": {}}, ckpt)
+    with pytest.warns(UserWarning, match="do not match"):
+        assert resume(ckpt, net, opt, gen) is None
+    assert resume(ckpt, net, opt, gen) is None  # nothing left to resume from
+
+
+@pytest.mark.parametrize("kind", ["small", "feature"])
+def test_damaged_artifact_is_a_clear_error(tmp_path, kind):
+    import json
+
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    target.config.name_or_path = "tiny"
+    art = tmp_path / f"{kind}-0123456789"
+    (art / "model").mkdir(parents=True)
+    (art / "config.json").write_text(json.dumps({"kind": kind, "target": "tiny"}))
+    (art / "model" / "config.json").write_text("{ not json")
+    (art / "net.safetensors").write_bytes(b"\x00" * 10)  # a torn weights file
+    (art / MARKER).write_text("{}")
+    with pytest.raises(RuntimeError, match="draft artifact .* is damaged .* train again"):
+        load(kind, target=target, root=tmp_path)

@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -151,6 +152,29 @@ def lr_at(cfg: dict, step: int, progress: float) -> float:
     return cfg["lr"] * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def resume(ckpt: Path, net, opt, gen: torch.Generator) -> dict | None:
+    """Restore a checkpoint into net, opt and the RNGs; its training state, or None to start afresh.
+
+    A damaged checkpoint (a torn write from before saves were atomic, a disk error, a file from other
+    code) is reported and removed rather than half-loaded."""
+    if not ckpt.exists():
+        return None
+    try:
+        saved = torch.load(ckpt, weights_only=False)
+        shapes = lambda state: {k: tuple(v.shape) for k, v in state.items()}  # noqa: E731
+        if shapes(saved["model"]) != shapes(trainable_state(net)) or not {"opt", "gen", "torch_rng", "state"} <= set(saved):
+            raise ValueError("its contents do not match this draft")  # checked before anything is applied
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        gen.set_state(saved["gen"])
+        torch.set_rng_state(saved["torch_rng"])
+        return saved["state"]
+    except Exception as err:  # noqa: BLE001 - any failure means the file cannot be trusted
+        warnings.warn(f"checkpoint {ckpt} is damaged ({type(err).__name__}: {err}); training starts over")
+        ckpt.unlink(missing_ok=True)
+        return None
+
+
 def atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(obj, tmp)
@@ -189,13 +213,7 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
     torch.manual_seed(seed)
     state = {"step": 0, "elapsed": 0.0, "losses": []}
     ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        net.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        gen.set_state(saved["gen"])
-        torch.set_rng_state(saved["torch_rng"])
-        state = saved["state"]
+    state = resume(ckpt, net, opt, gen) or state
 
     def checkpoint():
         atomic_save({"model": trainable_state(net), "opt": opt.state_dict(), "gen": gen.get_state(),
@@ -292,10 +310,16 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     cfg = json.loads((path / "config.json").read_text())
     if cfg["kind"] != kind or cfg["target"] != name:
         raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
-    if kind in ("small", "seqkd"):
-        return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").eval())
-    weights = load_file(str(path / "net.safetensors"))
-    keep = weights["keep"] if weights["keep"].numel() else None
-    net = build_net(kind, target, cfg, keep)
-    net.load_state_dict(weights)
+    try:
+        if kind in ("small", "seqkd"):
+            return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").eval())
+        weights = load_file(str(path / "net.safetensors"))
+        keep = weights["keep"] if weights["keep"].numel() else None
+        net = build_net(kind, target, cfg, keep)
+        net.load_state_dict(weights)
+    except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
+        raise RuntimeError(
+            f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
+            f"and train again: python -m specrepro.drafts.train {kind}"
+        ) from None
     return make_draft(kind, net, target)
