@@ -59,3 +59,21 @@ def test_greedy_parity(make):
     ars = sr.autoregressive_generate(target, prompt, max_new_tokens=25, temperature=0)
     gen = sr.speculative_generate(target, make(target), prompt, max_new_tokens=25, lookahead=4, temperature=0)
     assert gen.tokens.tolist() == ars.tokens.tolist()
+
+
+def test_adaptive_lookahead_stops_when_unsure_and_stays_exact():
+    target, draft = tiny_llama(0, vocab=7, layers=2), tiny_llama(1, vocab=7)
+    prompt = torch.tensor([0, 3])
+    ars = sr.autoregressive_generate(target, prompt, max_new_tokens=30, temperature=0)
+    fixed = sr.speculative_generate(target, draft, prompt, max_new_tokens=30, lookahead=6, temperature=0)
+    adaptive_draft = sr.drafts.ModelDraft(draft, confidence_threshold=0.9)
+    gen = sr.speculative_generate(target, adaptive_draft, prompt, max_new_tokens=30, lookahead=6, temperature=1.0,
+                                  generator=torch.Generator().manual_seed(0))
+    assert min(gen.proposed) >= 1 and any(p < 6 for p in gen.proposed[:-1]), gen.proposed
+    greedy = sr.speculative_generate(target, sr.drafts.ModelDraft(draft, confidence_threshold=0.9), prompt,
+                                     max_new_tokens=30, lookahead=6, temperature=0)
+    assert greedy.tokens.tolist() == ars.tokens.tolist() == fixed.tokens.tolist()
+    # one-hot greedy p is always fully confident: no early stop at temperature 0
+    assert greedy.proposed[:-1] == fixed.proposed[:-1]
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        sr.drafts.ModelDraft(draft, confidence_threshold=1.5)

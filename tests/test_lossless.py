@@ -38,6 +38,8 @@ DRAFTS = [
     # a reduced draft vocabulary: p is zero outside tokens {0, 1, 3}, still a proper distribution
     ("feature-reduced-vocab", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, keep=torch.tensor([0, 1, 3]), seed=4)),
     ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
+    # adaptive lookahead: the draft stops when unsure of its next token
+    ("adaptive", lambda target, draft: ModelDraft(draft, confidence_threshold=0.6)),
 ]
 # the correct configurations, the draft strategies and the no-bonus control share one family
 ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)

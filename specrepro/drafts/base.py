@@ -58,11 +58,18 @@ class ModelDraft(Draft):
 
     Its KV cache follows the accepted sequence: on each call it keeps the longest prefix it has already
     processed and feeds only the rest (the correction token, or the last draft plus the bonus token).
+
+    confidence_threshold (adaptive lookahead, like HF's dynamic speculation): stop drafting before token
+    t > 1 when the draft's own distribution for it has max probability below the threshold. The stop
+    depends only on the draft, never on the target, so the output stays exactly the target's.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, confidence_threshold: float | None = None):
         """model: an HF causal LM (run through HFRunner) or a runner with the HFRunner interface."""
         super().__init__()
+        if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1] or None, got {confidence_threshold!r}")
+        self.confidence_threshold = confidence_threshold
         if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.lean.LeanRunner
             self.runner = model
             self.model = getattr(model, "model", None)
@@ -92,6 +99,10 @@ class ModelDraft(Draft):
         for _ in range(k):
             p = sampling.probs(self.runner.forward(feed)[-1])
             self.calls += 1
+            if tokens and self.confidence_threshold is not None and float(p.max()) < self.confidence_threshold:
+                # unsure: let the target decide from here; the last proposal has been fed already
+                self.tokens = torch.cat([seq, torch.stack(tokens)])
+                return torch.stack(tokens), torch.stack(probs)
             token = sample(p, generator)
             tokens.append(token)
             probs.append(p)
