@@ -249,9 +249,11 @@ def measure_costs(target, draft, prompt_ids: torch.Tensor, lookaheads, repeats: 
     """Median wall times after a prompt prefill: target over 1 and K+1 tokens, one draft step."""
     from .drafts.base import as_draft
 
-    runner = HFRunner(target)
+    proposer = as_draft(draft) if draft is not None else None
+    runner = HFRunner(target, keep_hidden=bool(proposer and proposer.wants_target_hidden))
     runner.reset()
     runner.forward(prompt_ids[:-1])
+    hidden = runner.hidden  # the target features of the prompt, for drafts that read them
     n = runner.length
     target_ms = {}
     for m in sorted({1} | {k + 1 for k in lookaheads if k > 0}):
@@ -264,15 +266,14 @@ def measure_costs(target, draft, prompt_ids: torch.Tensor, lookaheads, repeats: 
             runner.rollback(n)
         target_ms[m] = 1000 * statistics.median(times[1:])
     out = {"target_ms_1": target_ms[1], "v": {k: target_ms[k + 1] / target_ms[1] for k in lookaheads if k > 0}}
-    if draft is not None:
-        proposer = as_draft(draft)
+    if proposer is not None:
         proposer.reset()
         sampling = SamplingConfig(1.0)
         gen = torch.Generator().manual_seed(0)
         times = []
         for _ in range(repeats + 2):
             t0 = time.perf_counter()
-            proposer.propose(prompt_ids, 1, sampling, gen)
+            proposer.propose(prompt_ids, 1, sampling, gen, hidden)
             times.append(time.perf_counter() - t0)
         out["draft_ms"] = 1000 * statistics.median(times[2:])  # the first call prefills the prompt
         out["c"] = out["draft_ms"] / out["target_ms_1"]

@@ -167,3 +167,13 @@ def test_truncated_draft_is_a_valid_draft():
     a = sr.autoregressive_generate(target, ids, max_new_tokens=12, temperature=0)
     s = sr.speculative_generate(target, draft, ids, max_new_tokens=12, lookahead=3, temperature=0)
     assert torch.equal(a.tokens, s.tokens)
+
+
+def test_measure_costs_feeds_target_features_to_feature_drafts():
+    from specrepro.drafts import FeatureDraft
+    from specrepro.toy import tiny_llama
+
+    target = tiny_llama(0, vocab=40, layers=2)
+    costs = ex.measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],
+                             repeats=1)
+    assert costs["c"] > 0 and set(costs["v"]) == {1, 2}
