@@ -44,6 +44,8 @@ def test_truncated_model_shares_weights_and_leaves_target_intact():
     assert len(draft.model.layers) == 1 and draft.config.num_hidden_layers == 1
     assert draft.model.layers[0] is target.model.layers[0] and draft.lm_head is target.lm_head
     assert torch.equal(target(input_ids=ids).logits, before)
+    draft.generation_config.num_assistant_tokens = 99  # as HF assisted generation does to its assistant
+    assert target.generation_config.num_assistant_tokens != 99
     assert not torch.allclose(draft(input_ids=ids).logits, before)
 
 

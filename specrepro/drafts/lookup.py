@@ -64,6 +64,8 @@ def truncated_model(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     draft._modules = dict(draft._modules)
     draft.model = decoder
     draft.config = decoder.config = copy.deepcopy(target.config)
+    # HF assisted generation rewrites its assistant's generation_config (num_assistant_tokens): own copy
+    draft.generation_config = copy.deepcopy(target.generation_config)
     draft.config.num_hidden_layers = n_layers
     return draft
 
