@@ -12,7 +12,6 @@ acceptance rate a, tau, the measured cost ratios c and v(K), and the Leviathan e
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import json
 import os
@@ -27,6 +26,7 @@ from .drafts.base import ModelDraft
 from .lean import LeanRunner, is_llama_like, set_threads
 from .runners import HFRunner, vocab_size
 from .sampling import SamplingConfig, sample
+from .drafts.lookup import truncated_model
 from .speculative import MAX_LOOKAHEAD, autoregressive_generate, rejection_step, speculative_generate
 
 NEWS = [
@@ -72,14 +72,8 @@ def builtin_prompts(kind: str, tokenizer=None, n: int | None = None, vocab: int 
 
 
 def truncated_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
-    """The stand-in draft: the target's first n_layers with its final norm and (tied) head, weights copied."""
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = n_layers
-    if hasattr(config, "layer_types") and config.layer_types is not None:
-        config.layer_types = config.layer_types[:n_layers]
-    draft = type(target)(config).to(dtype=next(target.parameters()).dtype).eval()
-    draft.load_state_dict(target.state_dict(), strict=False)  # the extra target layers are ignored
-    return draft
+    """The stand-in draft: the target's first n_layers with its final norm and head (modules shared)."""
+    return truncated_model(target, n_layers)
 
 
 def task_prompts(kind: str, tokenizer, n: int) -> list[torch.Tensor]:

@@ -67,6 +67,8 @@ def truncated_model(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     # HF assisted generation rewrites its assistant's generation_config (num_assistant_tokens): own copy
     draft.generation_config = copy.deepcopy(target.generation_config)
     draft.config.num_hidden_layers = n_layers
+    if getattr(draft.config, "layer_types", None) is not None:  # per-layer cache kinds, where the config has them
+        draft.config.layer_types = draft.config.layer_types[:n_layers]
     return draft
 
 
