@@ -12,6 +12,7 @@ acceptance rate a, tau, the measured cost ratios c and v(K), and the Leviathan e
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import os
@@ -26,7 +27,8 @@ from .drafts.base import ModelDraft
 from .lean import LeanRunner, is_llama_like, set_threads
 from .runners import HFRunner, vocab_size
 from .sampling import SamplingConfig, sample
-from .drafts.lookup import truncated_model
+from .drafts.lookup import LookupDraft, truncated_model
+from .speedup import acceptance_mle, loop_cost_bound, predicted_speedup  # noqa: F401
 from .speculative import MAX_LOOKAHEAD, autoregressive_generate, rejection_step, speculative_generate
 
 NEWS = [
@@ -104,7 +106,7 @@ class Config:
     """One timed configuration. impl: ours_ars, ours_sps, hf_generate, hf_assisted."""
 
     impl: str
-    runner: str  # "hf" or "lean" for ours; "hf" for HF generate
+    runner: str  # ours: "hf", "lean" or "compiled" (lean under torch.compile); "hf" for HF generate
     k: int  # lookahead; 0 for ArS
     mode: str  # "greedy" or "sample"
     schedule: str = ""  # HF assisted: "constant" or "heuristic"
@@ -115,52 +117,85 @@ class Config:
         return "/".join(p for p in parts if p)
 
 
-def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True) -> list[Config]:
+def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True,
+                 adaptive: bool = False, hf_schedules=("constant", "heuristic")) -> list[Config]:
+    """Every configuration of one run. adaptive: also our SpS with the confidence stop at K = max(ks)."""
     out = []
     for mode in modes:
         out += [Config("ours_ars", r, 0, mode) for r in runners]
         if sps:
             out += [Config("ours_sps", r, k, mode) for r in runners for k in ks]
+            if adaptive:
+                out += [Config("ours_sps", r, max(ks), mode, "adaptive") for r in runners]
         if hf:
             out.append(Config("hf_generate", "hf", 0, mode))
             if sps:
-                out += [Config("hf_assisted", "hf", k, mode, s) for s in ("constant", "heuristic") for k in ks]
+                out += [Config("hf_assisted", "hf", k, mode, s) for s in hf_schedules for k in ks]
     return out
 
 
 class Setup:
-    """The models and prebuilt runners every configuration draws from."""
+    """The models and prebuilt runners every configuration draws from.
 
-    def __init__(self, target, draft=None, dtype=torch.float32):
+    draft: a causal LM, a ModelDraft (its model is used), a LookupDraft (HF's prompt lookup is its HF
+    twin) or any other Draft (ours only). adaptive_threshold: the confidence stop of the "adaptive" runs.
+    """
+
+    def __init__(self, target, draft=None, dtype=torch.float32, adaptive_threshold: float = 0.4,
+                 runners=("hf", "lean")):
+        if isinstance(draft, ModelDraft) and isinstance(draft.model, torch.nn.Module):
+            draft = draft.model  # a trained small draft: its plain model, so every runner can take it
+        unknown = set(runners) - {"hf", "lean", "compiled"}
+        if unknown:
+            raise ValueError(f"unknown runners {sorted(unknown)}: use hf, lean, compiled")
         self.target, self.draft = target, draft
         self.lean_target = LeanRunner(target, dtype=dtype)
+        self.targets = {"hf": HFRunner(target), "lean": self.lean_target}
+        if "compiled" in runners:
+            self.targets["compiled"] = LeanRunner(target, dtype=dtype, compile=True)
         self.draft_is_model = isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings")
-        self.drafts = {}
+        self.draft_is_lookup = isinstance(draft, LookupDraft)
+        self.drafts, self.adaptive = {}, {}
         if draft is not None:
             self.drafts["hf"] = ModelDraft(draft) if self.draft_is_model else draft
             lean_ok = self.draft_is_model and is_llama_like(draft)
             self.drafts["lean"] = ModelDraft(LeanRunner(draft, dtype=dtype)) if lean_ok else self.drafts["hf"]
+            if "compiled" in runners:
+                self.drafts["compiled"] = (ModelDraft(LeanRunner(draft, dtype=dtype, compile=True)) if lean_ok
+                                           else self.drafts["hf"])
+            if self.draft_is_model:
+                self.adaptive = {r: ModelDraft(d.runner, confidence_threshold=adaptive_threshold)
+                                 for r, d in self.drafts.items()}
+
+    @property
+    def hf_twin(self) -> bool:
+        """Whether HF assisted generation can run the same draft (a model, or prompt lookup)."""
+        return self.draft_is_model or self.draft_is_lookup
 
 
 def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int, seed: int) -> dict:
     """Generate max_new_tokens (EOS ignored) with one configuration; wall time includes the prompt pass."""
     temperature = 0.0 if cfg.mode == "greedy" else 1.0
     generator = torch.Generator(device=prompt.device).manual_seed(seed)
-    target = setup.lean_target if cfg.runner == "lean" else setup.target
+    target = setup.target if cfg.runner == "hf" else setup.targets[cfg.runner]
     start = time.perf_counter()
     if cfg.impl == "ours_ars":
         gen = autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature, generator=generator)
     elif cfg.impl == "ours_sps":
+        drafts = setup.adaptive if cfg.schedule == "adaptive" else setup.drafts
+        if cfg.runner not in drafts:
+            raise ValueError(f"{cfg.name}: the adaptive lookahead needs a model draft (a confidence to stop on)")
         gen = speculative_generate(
-            target, setup.drafts[cfg.runner], prompt, max_new_tokens, cfg.k, temperature=temperature,
+            target, drafts[cfg.runner], prompt, max_new_tokens, cfg.k, temperature=temperature,
             generator=generator,
         )
     else:
         return _run_hf(cfg, setup, prompt, max_new_tokens, seed)
     seconds = time.perf_counter() - start
     return dict(
-        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds), accepted=sum(gen.accepted), proposed=sum(gen.proposed),
-        target_calls=gen.target_calls, ids=gen.tokens.tolist(),
+        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds), accepted=sum(gen.accepted),
+        proposed=sum(gen.proposed), target_calls=gen.target_calls, ids=gen.tokens.tolist(),
+        loop_accepted=list(gen.accepted), loop_proposed=list(gen.proposed),
     )
 
 
@@ -175,7 +210,9 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
     if cfg.mode == "sample":
         gc.top_k = None  # HF's default top_k=50 would differ from our plain sampling
     kwargs = {}
-    if cfg.impl == "hf_assisted":
+    if cfg.impl == "hf_assisted" and setup.draft_is_lookup:  # the same n-gram draft, HF's implementation
+        kwargs.update(prompt_lookup_num_tokens=cfg.k, max_matching_ngram_size=setup.draft.max_ngram)
+    elif cfg.impl == "hf_assisted":
         assistant = setup.draft
         agc = assistant.generation_config
         agc.num_assistant_tokens = cfg.k
@@ -201,20 +238,31 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
-    """Median ms of one forward of n tokens after `prefix`, per runner type, interleaved across reps.
+    """Median ms of one target forward of n tokens after `prefix`, and of one draft step, per runner type.
 
-    Returns {runner: {"target": {n: ms}, "draft_ms": ms}}; v(K) = target[K+1] / target[1], c = draft / target[1].
+    Interleaved across reps. n covers 1..max(K)+1 so that loops proposing fewer than K tokens (lookup,
+    adaptive) are costed too. The draft step is one propose() of one token after the same prefix (for a
+    model draft: one forward of one token; for lookup: its n-gram search). Returns {runner: {"target_ms":
+    {n: ms}, "v": {K: v(K)}, "draft_ms": ms, "c": c}}.
     """
-    kinds = {"hf": HFRunner(setup.target), "lean": setup.lean_target}
-    drafts = {r: getattr(d, "runner", None) for r, d in setup.drafts.items()}
-    sizes = sorted({1} | {k + 1 for k in ks})
+    kinds = setup.targets
+    sizes = list(range(1, max(ks) + 2))
     times = {r: {n: [] for n in sizes} for r in kinds}
-    dtimes = {r: [] for r in drafts}
-    for runner in list(kinds.values()) + [d for d in drafts.values() if d is not None]:
+    dtimes = {r: [] for r in setup.drafts}
+    for runner in kinds.values():
         runner.reset()
         runner.forward(prefix)
+    hidden = None
+    if any(getattr(d, "wants_target_hidden", False) for d in setup.drafts.values()):  # feature drafts
+        features = HFRunner(setup.target, keep_hidden=True)
+        features.forward(prefix[:-1])
+        hidden = features.hidden
     base = prefix.shape[0]
     g = torch.Generator().manual_seed(0)
+    greedy = SamplingConfig(0.0)
+    for d in setup.drafts.values():
+        d.reset()
+        d.propose(prefix, 1, greedy, g, hidden)  # prefills the draft's own cache
     for _ in range(reps):
         for r, runner in kinds.items():
             for n in sizes:
@@ -223,28 +271,19 @@ def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict
                 t = time.perf_counter()
                 runner.forward(ids)
                 times[r][n].append(time.perf_counter() - t)
-        for r, runner in drafts.items():
-            if runner is None:
-                continue
-            runner.rollback(base)
+        for r, d in setup.drafts.items():
             t = time.perf_counter()
-            runner.forward(prefix[-1:])
+            d.propose(prefix, 1, greedy, g, hidden)  # the cache holds prefix[:-1]: one step, as in a loop
             dtimes[r].append(time.perf_counter() - t)
     out = {}
     for r in kinds:
         target = {n: 1e3 * statistics.median(v) for n, v in times[r].items()}
-        entry = {"target_ms": target, "v": {k: target[k + 1] / target[1] for k in ks}}
+        entry = {"target_ms": target, "v": {k: target[k + 1] / target[1] for k in range(1, max(ks) + 1)}}
         if dtimes.get(r):
             entry["draft_ms"] = 1e3 * statistics.median(dtimes[r])
             entry["c"] = entry["draft_ms"] / target[1]
         out[r] = entry
     return out
-
-
-def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
-    """Leviathan et al.: expected tokens per loop over the loop's cost in one-token target steps."""
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + v)
 
 
 def bench(
@@ -261,12 +300,19 @@ def bench(
     seed: int = 0,
     configs: list[Config] | None = None,
     progress: bool = False,
+    adaptive: bool = False,
+    adaptive_threshold: float = 0.4,
 ) -> dict:
-    """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}."""
-    setup = Setup(target, draft, dtype)
+    """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}.
+
+    adaptive: also our SpS at K = max(ks) with the draft's confidence stop (model drafts only).
+    """
+    setup = Setup(target, draft, dtype, adaptive_threshold, runners)
     if configs is None:
-        configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None)
-        if not setup.draft_is_model:  # HF assisted generation needs a model as the assistant
+        schedules = ("lookup",) if setup.draft_is_lookup else ("constant", "heuristic")
+        configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None,
+                               adaptive=adaptive and bool(setup.adaptive), hf_schedules=schedules)
+        if not setup.hf_twin:  # HF assisted generation needs a model (or prompt lookup) as the assistant
             configs = [c for c in configs if c.impl != "hf_assisted"]
     rows = []
     # one untimed warm-up of each configuration (allocations, lazy inits)
@@ -286,7 +332,8 @@ def bench(
                 if progress:
                     print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
     costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps))
-    return {"rows": rows, "summary": summarise(rows, costs), "costs": costs}
+    summary = summarise(rows, costs)
+    return {"rows": rows, "summary": summary, "costs": costs, "headline": headline(rows, summary)}
 
 
 def summarise(rows: list[dict], costs: dict) -> list[dict]:
@@ -321,28 +368,81 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
         )
         proposed = sum(r["proposed"] for r in rs)
         if first["impl"] == "ours_sps" and proposed:
-            a = sum(r["accepted"] for r in rs) / proposed
-            calls = sum(r["target_calls"] for r in rs)
-            row.update(a=a, tau=sum(r["tokens"] for r in rs) / calls)
+            loop_acc = sum((r["loop_accepted"] for r in rs), [])
+            loop_prop = sum((r["loop_proposed"] for r in rs), [])
+            tokens = sum(r["tokens"] for r in rs)
+            a = acceptance_mle(loop_acc, loop_prop)
+            row.update(acceptance_rate=sum(r["accepted"] for r in rs) / proposed, a=a,
+                       tau=tokens / sum(r["target_calls"] for r in rs), mean_proposed=proposed / len(loop_prop))
             cost = costs.get(runner, {})
             if "c" in cost and k in cost.get("v", {}):
-                row.update(c=cost["c"], v=cost["v"][k], predicted=predicted_speedup(a, k, cost["c"], cost["v"][k]))
+                row.update(c=cost["c"], v=cost["v"][k], bound=loop_cost_bound(tokens, loop_prop, cost["c"], cost["v"]))
+                if first["schedule"] != "adaptive":  # the i.i.d. prediction assumes K drafts per loop
+                    row["predicted"] = predicted_speedup(a, k, cost["c"], cost["v"][k])
                 if row["speedup_vs_same_runner_ars"]:
-                    row["measured_over_predicted"] = row["speedup_vs_same_runner_ars"] / row["predicted"]
+                    if "predicted" in row:
+                        row["measured_over_predicted"] = row["speedup_vs_same_runner_ars"] / row["predicted"]
+                    row["measured_over_bound"] = row["speedup_vs_same_runner_ars"] / row["bound"]
         out.append(row)
     return out
 
 
 COLUMNS = [
     "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
-    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c", "v", "predicted", "measured_over_predicted",
+    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
+    "predicted", "measured_over_predicted", "bound", "measured_over_bound",
 ]
 
 
+def paired_speedup(rows: list[dict], name: str, reference: str) -> float | None:
+    """Median over (repetition, prompt) of reference ms/token / name ms/token: > 1 means `name` is faster."""
+    ms = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+    pairs = [ms[(reference, rep, pr)] / v for (n, rep, pr), v in ms.items() if n == name and (reference, rep, pr) in ms]
+    return statistics.median(pairs) if pairs else None
+
+
+def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
+    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster).
+
+    ars_vs_hf_generate: our fastest ArS against HF generate(). sps_vs_hf_assisted: our fastest fixed-K SpS
+    against HF assisted generation with the same draft at the same K (its fastest schedule). Also the
+    speedup of that SpS over our ArS on the same runner with measured/predicted, and the adaptive
+    lookahead against the best fixed K.
+    """
+    out = []
+    for mode in sorted({r["mode"] for r in summary}):
+        mine = [r for r in summary if r["mode"] == mode]
+        pick = lambda rs: min(rs, key=lambda r: r["ms_per_token"]) if rs else None  # noqa: E731
+        ars = pick([r for r in mine if r["impl"] == "ours_ars"])
+        sps = pick([r for r in mine if r["impl"] == "ours_sps" and r["schedule"] != "adaptive"])
+        gen = pick([r for r in mine if r["impl"] == "hf_generate"])
+        line = {"mode": mode, "ours_ars": ars and ars["name"], "ours_sps": sps and sps["name"]}
+        if ars and gen:
+            line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])
+        if sps:
+            line.update(best_k=sps["k"], sps_speedup=sps["speedup_vs_same_runner_ars"],
+                        measured_over_predicted=sps.get("measured_over_predicted"),
+                        measured_over_bound=sps.get("measured_over_bound"))
+            assisted = pick([r for r in mine if r["impl"] == "hf_assisted" and r["k"] == sps["k"]])
+            if assisted:
+                line.update(hf_assisted=assisted["name"],
+                            sps_vs_hf_assisted=paired_speedup(rows, sps["name"], assisted["name"]))
+            best_any = pick([r for r in mine if r["impl"] == "hf_assisted"])
+            if best_any:
+                line.update(hf_assisted_best=best_any["name"],
+                            sps_vs_hf_assisted_best=paired_speedup(rows, sps["name"], best_any["name"]))
+            adaptive = pick([r for r in mine if r["schedule"] == "adaptive" and r["runner"] == sps["runner"]])
+            if adaptive:
+                line.update(adaptive=adaptive["name"], adaptive_vs_best_fixed=paired_speedup(rows, adaptive["name"], sps["name"]))
+        out.append(line)
+    return out
+
+
 def format_table(summary: list[dict]) -> str:
-    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred", "meas/pred"]
-    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "a", "tau", "c",
-            "v", "predicted", "measured_over_predicted"]
+    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred",
+            "meas/pred", "bound", "meas/bnd"]
+    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars",
+            "a", "tau", "c", "v", "predicted", "measured_over_predicted", "bound", "measured_over_bound"]
     lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
     for row in summary:
         cells = [("" if row.get(k) is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k])) for k in keys]
@@ -395,54 +495,65 @@ class _Timed:
         setattr(self._runner, name, value)
 
 
-def profile_sps(target_runner, draft_runner, prompt, k=4, max_new_tokens=32, temperature=1.0, seed=0) -> dict:
-    """Where the time of SpS goes: seconds in target forwards, draft forwards, and the rest of the loops.
+def _time_proposals(draft, times: list) -> None:
+    """Make draft.propose (this instance only) append the wall time of each call to times."""
+    propose = draft.propose
 
-    The rest (sampling, rejection, Python) is split further by timing the sampling and rejection calls
-    on the same shapes in isolation.
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = propose(*args, **kwargs)
+        times.append(time.perf_counter() - t)
+        return out
+
+    draft.propose = timed
+
+
+def profile_sps(target_runner, draft, prompt, k=4, max_new_tokens=32, temperature=1.0, seed=0) -> dict:
+    """Where the time of SpS goes: target forwards, draft proposals, verification sampling, the rest.
+
+    draft: any Draft (a ModelDraft over a runner, lookup, feature...). Draft time is whole propose() calls
+    (its forwards and its sampling). The verification's sampling and rejection are timed in isolation on
+    the shapes one loop uses; the rest of the loop time is Python and bookkeeping.
     """
-    times = {"target_forward": [], "target_forward_prefill": [], "draft_forward": [], "draft_forward_prefill": []}
+    from .drafts.base import Draft
+
+    times = {"target_forward": [], "target_forward_prefill": []}
+    propose_times: list[float] = []
     target = _Timed(target_runner, times, "target_forward")
-    draft = ModelDraft(_Timed(draft_runner, times, "draft_forward"))
-    gen = speculative_generate(target, draft, prompt, max_new_tokens, k, temperature=temperature,
+    inner = copy.copy(draft) if isinstance(draft, Draft) else ModelDraft(draft)  # the caller's draft stays untimed
+    inner.reset()
+    _time_proposals(inner, propose_times)
+    gen = speculative_generate(target, inner, prompt, max_new_tokens, k, temperature=temperature,
                                generator=torch.Generator().manual_seed(seed))
     prefill = gen.seconds - sum(gen.loop_seconds)
     loops = sum(gen.loop_seconds)
     # the prompt pass is outside the loops: a prefill call, or else the first target forward
     has_prefill = hasattr(target_runner, "prefill") or prompt.shape[0] < 2
     in_loops_target = sum(times["target_forward"] if has_prefill else times["target_forward"][1:])
-    # the draft's prompt pass happens inside the first loop: it is draft time
-    draft_total = sum(times["draft_forward"]) + sum(times["draft_forward_prefill"])
-    # sampling and rejection in isolation, on the shapes one loop uses
+    draft_total = sum(propose_times)  # the draft's prompt pass happens inside the first loop: draft time
     sampling = SamplingConfig(temperature)
     vocab = target.vocab_size
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(k + 1, vocab, generator=g)
-    reps = 20
-    t = time.perf_counter()
-    for _ in range(reps):
-        for _ in range(k):  # the draft: k rows, one at a time
-            p = sampling.probs(logits[0])
-            sample(p, g)
-    draft_sampling = (time.perf_counter() - t) / reps
     p = sampling.probs(logits[:k])
     drafted = sample(p, g)
+    reps = 20
     t = time.perf_counter()
     for _ in range(reps):
         q = sampling.probs(logits)
         rejection_step(drafted, p, q, g)
     verify_sampling = (time.perf_counter() - t) / reps
     n = gen.target_calls
-    sampling_total = n * (draft_sampling + verify_sampling)
+    sampling_total = n * verify_sampling
+    rest = loops - in_loops_target - draft_total - sampling_total
     return dict(
         loops=n, tokens=len(gen.tokens), loop_seconds=loops, prompt_seconds=prefill,
-        target_forward=in_loops_target, draft_forward=draft_total, draft_forwards=len(times["draft_forward"]),
-        sampling_and_rejection_est=sampling_total,
-        python_overhead_est=loops - in_loops_target - draft_total - sampling_total,
+        target_forward=in_loops_target, draft_propose=draft_total, draft_calls=len(propose_times),
+        verify_sampling_est=sampling_total, python_overhead_est=rest,
         per_loop_ms={
             "total": 1e3 * loops / n, "target_forward": 1e3 * in_loops_target / n,
-            "draft_forward": 1e3 * draft_total / n, "sampling_and_rejection_est": 1e3 * sampling_total / n,
-            "python_overhead_est": 1e3 * (loops - in_loops_target - draft_total - sampling_total) / n,
+            "draft_propose": 1e3 * draft_total / n, "verify_sampling_est": 1e3 * sampling_total / n,
+            "python_overhead_est": 1e3 * rest / n,
         },
     )
 
@@ -477,13 +588,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="greedy,sample")
-    ap.add_argument("--runners", default="hf,lean")
+    ap.add_argument("--runners", default="hf,lean",
+                    help="ours on: hf (HF model forward with its cache), lean, compiled (lean under torch.compile)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable CPUs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also profile one SpS run per runner")
+    ap.add_argument("--adaptive", type=float, default=None, metavar="THRESHOLD",
+                    help="also run our SpS at K = max(--ks) stopping the draft below this confidence (model drafts)")
     ap.add_argument("--out", default="figures/bench")
     args = ap.parse_args(argv)
 
@@ -506,20 +620,23 @@ def main(argv=None) -> dict:
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
         tuple(args.runners.split(",")), hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True,
+        adaptive=args.adaptive is not None, adaptive_threshold=0.4 if args.adaptive is None else args.adaptive,
     )
     meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
     write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers
     if args.profile and draft is not None:
-        setup = Setup(target, draft, dtype)
+        setup = Setup(target, draft, dtype, runners=args.runners.split(","))
         result["profile"] = {}
         for runner in args.runners.split(","):
-            if not hasattr(setup.drafts[runner], "runner"):  # a draft without a model (lookup): nothing to time
-                continue
-            t = setup.lean_target if runner == "lean" else HFRunner(target)
-            d = setup.drafts[runner].runner
-            result["profile"][runner] = profile_sps(t, d, prompts[0], max(ks) // 2 or 1, args.max_new_tokens)
+            t = setup.targets[runner]
+            t.reset()
+            best = min((r for r in result["summary"] if r["impl"] == "ours_sps" and r["runner"] == runner
+                        and r["schedule"] != "adaptive"), key=lambda r: r["ms_per_token"], default=None)
+            k = best["k"] if best else max(ks)
+            result["profile"][runner] = dict(k=k, **profile_sps(t, setup.drafts[runner], prompts[0], k, args.max_new_tokens))
     print(format_table(result["summary"]))
     print("costs:", json.dumps(result["costs"], indent=1))
+    print("headline:", json.dumps(result["headline"], indent=1))
     if "profile" in result:
         print("profile:", json.dumps(result["profile"], indent=1))
     paths = write_results(result, args.out, meta)

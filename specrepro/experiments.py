@@ -27,6 +27,7 @@ from .results import ResultsFile, machine_info, markdown_table, write_csv, write
 from .runners import HFRunner
 from .sampling import SamplingConfig
 from .speculative import autoregressive_generate, speculative_generate
+from .speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
 from .stats import chisquare_fit, exact_joint, truncate_outcome
 from .tasks.humaneval import check_completion, code_prompt, extract_completion, load_humaneval, pass_at_k
 from .tasks.news import load_news, rouge2, summarisation_prompt
@@ -278,28 +279,6 @@ def measure_costs(target, draft, prompt_ids: torch.Tensor, lookaheads, repeats: 
         out["draft_ms"] = 1000 * statistics.median(times[2:])  # the first call prefills the prompt
         out["c"] = out["draft_ms"] / out["target_ms_1"]
     return out
-
-
-def acceptance_mle(accepted: list[int], proposed: list[int]) -> float:
-    """Per-token acceptance a under Leviathan's i.i.d. model: accepted / (accepted + rejections).
-
-    A loop that kept n of k drafts with n < k saw n acceptances then one rejection; n = k is censored.
-    """
-    acc = sum(accepted)
-    rejections = sum(1 for n, k in zip(accepted, proposed) if n < k)
-    return acc / (acc + rejections) if acc + rejections else float("nan")
-
-
-def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
-    """Leviathan et al.: (1 - a^(K+1)) / ((1 - a)(K c + v(K))); K = 0 is ArS (1 by definition)."""
-    if k == 0:
-        return 1.0
-    return expected_tokens(a, k) / (k * c + v)
-
-
-def expected_tokens(a: float, k: int) -> float:
-    """Expected tokens per loop, (1 - a^(K+1)) / (1 - a) (K + 1 when every draft is accepted)."""
-    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -52,8 +52,12 @@ class LeanRunner:
     dtype: the compute dtype (float32 default). If it differs from the model's, the weights are cast once
     (that is a copy); in the model's own dtype the runner holds views of the model's tensors.
     capacity: initial cache length in positions; the cache grows (a copy, rare) up to the context window.
-    No torch.compile setting: on these shared 2-core CPUs a compile takes minutes (DESIGN.md) and was
-    not measured for this runner, so nothing here claims it helps.
+    compile: run the block through torch.compile(dynamic=True) (one compile of 10-25 s on a 2-core CPU,
+    shapes vary in the block length and the cache length). Measured on the 2-core EPYC (1 thread), ms per
+    forward of 1 / 2 / 5 / 8 tokens: float32 eager 47.7 / 84.5 / 85.1 / 84.3, compiled 57.3 / 73.8 /
+    75.7 / 74.6; bfloat16 eager 29.2 / 27.3 / 33.4 / 34.7, compiled 48.1 / 36.8 / 30.7 / 33.5. It does not
+    help the one-token steps of ArS or bfloat16, so it is off by default; `python -m specrepro.bench
+    --runners lean,compiled` measures it side by side on other machines.
     """
 
     batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
@@ -64,12 +68,14 @@ class LeanRunner:
         dtype: torch.dtype | None = torch.float32,
         capacity: int = 512,
         keep_hidden: bool = False,
+        compile: bool = False,
     ):
         if not is_llama_like(model):
             raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
         config = model.config
         self.model = model
         self.keep_hidden = keep_hidden
+        self._block = torch.compile(_block, dynamic=True) if compile else _block
         first = next(model.parameters())
         self.device = first.device
         self.dtype = dtype or first.dtype
@@ -122,7 +128,7 @@ class LeanRunner:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._grow(end)
-        hidden, logits = _block(
+        hidden, logits = self._block(
             ids.to(self.device).view(n), start, self.embed, self.head, self.norm, self.layers,
             self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
             self.head_dim,
@@ -139,7 +145,7 @@ class LeanRunner:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._grow(end)
-        hidden, _ = _block(
+        hidden, _ = self._block(
             ids.to(self.device).view(n), start, self.embed, None, self.norm, self.layers,
             self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
             self.head_dim,

@@ -10,6 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepro import bench
+from specrepro.drafts.lookup import LookupDraft
+from specrepro.speedup import loop_cost_bound
 
 
 def tiny(seed, layers=2):
@@ -36,7 +38,10 @@ def test_bench_end_to_end_writes_csv_and_json(tmp_path):
     assert all(float(r["ms_per_token"]) > 0 for r in rows)
     sps = [r for r in rows if r["impl"] == "ours_sps"]
     assert all(0 <= float(r["a"]) <= 1 and 1 <= float(r["tau"]) <= int(r["k"]) + 1 for r in sps)
-    assert all(float(r["predicted"]) > 0 and float(r["v"]) > 0 for r in sps)
+    assert all(float(r["predicted"]) > 0 and float(r["v"]) > 0 and float(r["bound"]) > 0 for r in sps)
+    assert {h["mode"] for h in result["headline"]} == {"greedy", "sample"}
+    for h in result["headline"]:
+        assert h["ars_vs_hf_generate"] > 0 and h["sps_vs_hf_assisted"] > 0 and h["best_k"] in (1, 3)
 
     data = json.loads(json_path.read_text())
     assert data["meta"] == {"test": True}
@@ -61,6 +66,12 @@ def test_profile_and_helpers():
     prompt = bench.builtin_prompts("news", None, n=1, vocab=64)[0]
     prof = bench.profile_sps(setup.lean_target, setup.drafts["lean"].runner, prompt, k=2, max_new_tokens=8)
     assert prof["tokens"] == 8 and prof["loops"] >= 3 and prof["target_forward"] > 0
+    # every loop drafts except a last one left with a single budget token (a plain target step)
+    assert prof["loops"] - 1 <= prof["draft_calls"] <= prof["loops"] and prof["draft_propose"] > 0
+    parts = ("target_forward", "draft_propose", "verify_sampling_est", "python_overhead_est")
+    assert sum(prof[p] for p in parts) == pytest.approx(prof["loop_seconds"])
+    lookup = bench.profile_sps(setup.lean_target, LookupDraft(64), prompt, k=2, max_new_tokens=8)
+    assert lookup["tokens"] == 8 and lookup["loops"] - 1 <= lookup["draft_calls"] <= lookup["loops"]
     assert bench.parse_ks("1,2,...,7") == list(range(1, 8)) == bench.parse_ks("1-7")
     assert bench.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
     assert abs(bench.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12
@@ -76,3 +87,36 @@ def test_bad_cli_arguments_exit_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_bench_lookup_runs_hf_prompt_lookup_and_adaptive_needs_a_model(tmp_path):
+    """A lookup draft is compared with HF's own prompt lookup (the same n-gram draft); no adaptive runs."""
+    target = tiny(0)
+    prompts = bench.builtin_prompts("code", None, n=1, vocab=64)
+    result = bench.bench(target, LookupDraft(64), prompts, ks=(2,), max_new_tokens=6, reps=1, modes=("greedy",),
+                         adaptive=True)
+    names = {r["name"] for r in result["summary"]}
+    assert "hf_assisted/hf/greedy/K2/lookup" in names and not any("adaptive" in n for n in names)
+    assert set(result["costs"]["lean"]["v"]) == {1, 2} and result["costs"]["lean"]["c"] > 0
+    # greedy: ours and HF's prompt lookup emit the target's greedy tokens
+    assert len({tuple(r["ids"]) for r in result["rows"]}) == 1
+
+
+def test_bench_adaptive_lookahead_with_a_model_draft():
+    target = tiny(0)
+    draft = bench.truncated_draft(target, 1)
+    prompts = bench.builtin_prompts("code", None, n=1, vocab=64)
+    result = bench.bench(target, draft, prompts, ks=(1, 3), max_new_tokens=6, reps=1, modes=("greedy",), hf=False,
+                         adaptive=True, adaptive_threshold=0.5)
+    rows = {r["name"]: r for r in result["summary"]}
+    adaptive = rows["ours_sps/lean/greedy/K3/adaptive"]
+    assert "predicted" not in adaptive and adaptive["bound"] > 0  # the i.i.d. model assumes K drafts per loop
+    assert adaptive["mean_proposed"] <= 3
+    assert len({tuple(r["ids"]) for r in result["rows"]}) == 1  # still the target's greedy tokens
+    assert result["headline"][0]["adaptive_vs_best_fixed"] > 0
+
+
+def test_loop_cost_bound():
+    v = {1: 1.5, 2: 2.0}
+    # two loops: one proposed 2 (cost 2c + v(2)), one proposed nothing (a plain step, cost 1)
+    assert loop_cost_bound(4, [2, 0], 0.1, v) == pytest.approx(4 / (0.2 + 2.0 + 1.0))

@@ -51,6 +51,16 @@ def test_lean_logits_match_hf_on_tiny_llama(tied, kv_heads):
     assert lean.capacity >= 30
 
 
+def test_compiled_lean_runner_matches_eager():
+    """compile=True (torch.compile of the block, dynamic shapes) gives the eager logits through chunks and rollbacks."""
+    model = llama(0, kv_heads=2)
+    ids = torch.randint(0, 50, (30,), generator=torch.Generator().manual_seed(1))
+    eager = run_chunks(LeanRunner(model, capacity=64), ids)
+    compiled = run_chunks(LeanRunner(model, capacity=64, compile=True), ids)
+    for (_, _, a, _), (_, _, b, _) in zip(eager, compiled):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
 def test_causal_mask_block_over_prefix():
     mask = causal_mask(3, 2, "cpu")
     assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
