@@ -133,6 +133,11 @@ def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tupl
         except ValueError as err:
             where = "--set" if set(overrides or {}) - set(per_notebook[name]) else f"notebooks/params/{profile}.yaml"
             raise SystemExit(f"{where}, notebook {name}: {err}") from None
+        # results are keyed by the settings: a changed parameter (dtype, K, a draft...) never resumes from
+        # items made under the old ones, while an interrupted run with the same settings does
+        settings = {k: v for k, v in params.items() if k not in ("results_dir", "out_dir")}
+        key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        params["results_dir"] = str(Path(params["results_dir"]) / f"{name}-{key}")
         jobs.append((name, params))
     return jobs
 

@@ -5,6 +5,7 @@ plumbing (and exact greedy parity), not draft quality.
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -132,6 +133,16 @@ def test_trained_draft_round_trip_is_lossless(kind, real):
     ref = autoregressive_generate(model, prompt, 16, temperature=0, eos_token_id=tokenizer.eos_token_id)
     got = speculative_generate(model, draft, prompt, 16, lookahead=4, temperature=0, eos_token_id=tokenizer.eos_token_id)
     assert torch.equal(got.tokens, ref.tokens)
+    # the same artifact drafts for a bfloat16 target: the draft computes in the target's dtype
+    model16 = copy.deepcopy(model).to(torch.bfloat16)
+    draft16 = load(kind, target=model16, root=home / "art")
+    got16 = speculative_generate(model16, draft16, prompt, 8, lookahead=3, temperature=1.0,
+                                 generator=torch.Generator().manual_seed(0))
+    assert len(got16.tokens) == 8 and sum(got16.proposed) > 0
+    draft16.reset()
+    hidden = model16.get_decoder()(input_ids=prompt.view(1, -1)).last_hidden_state[0]
+    tokens, p = draft16.propose(prompt, 2, SamplingConfig(1.0), torch.Generator().manual_seed(0), hidden[:-1])
+    assert p.dtype == torch.float32 and torch.allclose(p.sum(-1), torch.ones(len(tokens)), atol=1e-4)
     # a second call returns the finished artifact instead of training again
     assert tiny_train(kind, real, home / "art") == out
 

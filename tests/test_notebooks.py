@@ -85,3 +85,13 @@ def test_unknown_profile_or_notebook_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "PARAMS_DIR", tmp_path)
     with pytest.raises(SystemExit, match="unknown notebook"):
         reproduce.load_profile("smoke")
+
+
+def test_results_are_keyed_by_settings():
+    """A changed parameter gets a fresh results folder (no resuming from items made under other settings)."""
+    base = dict(reproduce.plan("smoke", ["02_lookahead_sweep"]))["02_lookahead_sweep"]
+    again = dict(reproduce.plan("smoke", ["02_lookahead_sweep"]))["02_lookahead_sweep"]
+    other = dict(reproduce.plan("smoke", ["02_lookahead_sweep"], {"max_new_tokens": 5}))["02_lookahead_sweep"]
+    assert base["results_dir"] == again["results_dir"]
+    assert other["results_dir"] != base["results_dir"]
+    assert base["results_dir"].startswith("runs/smoke/results/02_lookahead_sweep-")

@@ -117,14 +117,17 @@ class FeatureDraft(Draft):
         # cached position t used h_t and token t+1: valid while seq[:t+2] is unchanged
         valid = max(min(common_prefix_length(self.tokens, seq) - 1, real - 1), 0)
         self.cache.truncate(valid)
+        dtype = self.net.fc.weight.dtype  # the net computes in its own dtype (the target's, from load())
         if real > 0:
-            h = target_hidden[valid:real].float().cpu().view(1, -1, self.hidden_size)
+            h = target_hidden[valid:real].to(dtype).cpu().view(1, -1, self.hidden_size)
             f = self.net.step(h, seq[valid + 1 : n].view(1, -1), torch.arange(valid, real), self.cache)[:, -1:]
         else:  # a one-token prompt: no target feature yet, start from zeros
-            f = self.net.step(torch.zeros(1, 1, self.hidden_size), seq.view(1, 1), torch.arange(1), self.cache)
+            f = self.net.step(torch.zeros(1, 1, self.hidden_size, dtype=dtype), seq.view(1, 1), torch.arange(1),
+                              self.cache)
         tokens, probs = [], []
         for i in range(k):
-            p = sampling.probs(expand_logits(self.net.logits(f[0, -1]), self.net.keep_ids, self.vocab_size))
+            logits = self.net.logits(f[0, -1]).float()
+            p = sampling.probs(expand_logits(logits, self.net.keep_ids, self.vocab_size))
             token = sample(p, generator)
             tokens.append(token)
             probs.append(p)

@@ -79,11 +79,12 @@ class HeadsDraft(Draft):
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
         seq = seq.cpu()
+        dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
         if target_hidden is not None and target_hidden.shape[0] > 0:
-            h = target_hidden[-1].float().cpu()
+            h = target_hidden[-1].to(dtype).cpu()
         else:  # one-token prompt: no target feature yet
-            h = torch.zeros(self.hidden_size)
-        logits = self.net.logits(self.net.features(h, seq[-1]))  # [K, kept vocab]
+            h = torch.zeros(self.hidden_size, dtype=dtype)
+        logits = self.net.logits(self.net.features(h, seq[-1])).float()  # [K, kept vocab]
         logits = expand_logits(logits, self.net.keep_ids, self.vocab_size)
         tokens, probs = [], []
         for i in range(k):

@@ -310,13 +310,15 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     cfg = json.loads((path / "config.json").read_text())
     if cfg["kind"] != kind or cfg["target"] != name:
         raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
+    dtype = next(target.parameters()).dtype  # the draft computes in the target's dtype (bfloat16 too)
     try:
         if kind in ("small", "seqkd"):
-            return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").eval())
+            return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").to(dtype).eval())
         weights = load_file(str(path / "net.safetensors"))
         keep = weights["keep"] if weights["keep"].numel() else None
         net = build_net(kind, target, cfg, keep)
         net.load_state_dict(weights)
+        net.to(dtype)
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
         raise RuntimeError(
             f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
