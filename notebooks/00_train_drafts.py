@@ -24,8 +24,8 @@ results_dir = "runs/smoke/results"  # unused here: training checkpoints live bes
 seed = 0  # training seed
 threads = 1  # torch threads
 target = "smollm2-135m-instruct"
-kinds = []  # draft kinds to train: small, seqkd, feature, heads (smoke: none, the tests train tiny ones)
-budget_minutes = 1.0  # training time per draft (the distillation data is built once before the first)
+kinds = []  # draft kinds to train: small, seqkd, feature, heads; "kind:M" gives that kind M minutes (smoke: none)
+budget_minutes = 1.0  # training time per draft without its own (the distillation data is built once, first)
 max_steps = None  # or a fixed number of optimiser steps (exactly reproducible, unlike a time budget)
 
 # %%
@@ -43,8 +43,9 @@ meta = ex.run_header(profile, seed, threads, notebook="00_train_drafts", target=
                      budget_minutes=budget_minutes, max_steps=max_steps)
 q_model, tokenizer = sr.load_model(target) if kinds else (None, None)
 rows = []
-for kind in kinds:
-    path = sr.drafts.train(kind, target=q_model, tokenizer=tokenizer, budget_minutes=budget_minutes,
+for spec in kinds:
+    kind, _, minutes = spec.partition(":")
+    path = sr.drafts.train(kind, target=q_model, tokenizer=tokenizer, budget_minutes=float(minutes or budget_minutes),
                            max_steps=max_steps, seed=seed)
     done = json.loads((path / "complete.json").read_text())
     rows.append({"kind": kind, "artifact": path.name, **{k: v for k, v in done.items() if not isinstance(v, (list, dict))}})

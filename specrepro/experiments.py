@@ -491,30 +491,27 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
 # Draft strategies
 
 
-def read_draft_measurements(drafts_dir) -> list[dict]:
-    """Rows of every figures/drafts/*.csv (written by `python -m specrepro.drafts.measure`), tagged by file."""
-    from .results import read_csv
+def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
+                   temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=torch.float32) -> list[dict]:
+    """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup.
 
+    prompts: {task: [{id, prompt_ids}]} (held-out news and HumanEval). Each (draft, temperature) is one
+    resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
+    """
     rows = []
-    for path in sorted(Path(drafts_dir).glob("*.csv")):
-        rows += [{"file": path.name, **r} for r in read_csv(path)]
-    return rows
-
-
-def measure_drafts(target, draft_specs: list[str], prompts: list[dict], lookaheads, max_new_tokens: int,
-                   sampling: dict, results_path, seed: int = 0, eos=None) -> list[dict]:
-    """Per draft: acceptance a (MLE), tau at each K, cost ratio c, predicted and measured speedup at each K."""
-    rows = []
+    path = Path(results_path)
     for spec in draft_specs:
-        draft = make_draft(spec, target)
-        path = Path(results_path)
-        out = run_lookahead_sweep(target, draft, {spec: prompts}, lookaheads, max_new_tokens, sampling,
-                                  path.with_name(f"{path.stem}-{_slug(spec)}{path.suffix}"), seed=seed, eos=eos)
-        for r in out["rows"]:
-            if r["K"] > 0:
-                rows.append({"draft": spec, "K": r["K"], "a": r["a"], "acceptance_rate": r["acceptance_rate"],
-                             "tau": r["tau"], "c": r["c"], "v": r["v"], "speedup": r["speedup"],
-                             "predicted_speedup": r["predicted_speedup"], "ms_per_token": r["ms_per_token"]})
+        draft = make_draft(spec, target, dtype=dtype)
+        for temp in temperatures:
+            sweep_path = path.with_name(f"{path.stem}-{_slug(spec)}-T{temp:g}{path.suffix}")
+            out = run_lookahead_sweep(target, draft, prompts, lookaheads, max_new_tokens,
+                                      {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos)
+            for r in out["rows"]:
+                if r["K"] > 0:
+                    rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"], "a": r["a"],
+                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"], "c": r["c"], "v": r["v"],
+                                 "speedup": r["speedup"], "predicted_speedup": r["predicted_speedup"],
+                                 "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"]})
     return rows
 
 

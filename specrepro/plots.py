@@ -138,23 +138,27 @@ def plot_table1(out_dir, name: str = "table1") -> list[str]:
 
 
 def plot_drafts(out_dir, name: str = "drafts") -> list[str]:
-    """Acceptance-derived tau and speedup against K, one line per draft."""
+    """tau and measured/predicted speedup against K, one line per draft; one column per (task, temperature)."""
     out_dir = Path(out_dir)
     rows = read_csv(out_dir / f"{name}.csv")
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for d in dict.fromkeys(r["draft"] for r in rows):
-        rs = sorted((r for r in rows if r["draft"] == d), key=lambda r: r["K"])
-        ks = [r["K"] for r in rs]
-        line, = axes[0].plot(ks, [r["tau"] for r in rs], "-o", ms=3, label=d)
-        if all(not _nan(r.get("speedup")) for r in rs):
-            axes[1].plot(ks, [r["speedup"] for r in rs], "-o", ms=3, color=line.get_color(), label=f"{d} measured")
-        if all(not _nan(r.get("predicted_speedup")) for r in rs):
-            axes[1].plot(ks, [r["predicted_speedup"] for r in rs], ":", color=line.get_color(), label=f"{d} predicted")
-    axes[0].set(xlabel="K", ylabel="tokens per target call (tau)", title="tau by draft")
-    axes[1].set(xlabel="K", ylabel="speedup vs ArS", title="speedup by draft")
-    axes[1].axhline(1, color="gray", lw=0.5)
-    for ax in axes:
-        ax.legend(fontsize=6)
+    panels = list(dict.fromkeys((r.get("task", ""), r.get("temperature", "")) for r in rows))
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 5.6), squeeze=False)
+    for col, (task, temp) in enumerate(panels):
+        mine = [r for r in rows if (r.get("task", ""), r.get("temperature", "")) == (task, temp)]
+        for d in dict.fromkeys(r["draft"] for r in mine):
+            rs = sorted((r for r in mine if r["draft"] == d), key=lambda r: r["K"])
+            ks = [r["K"] for r in rs]
+            line, = axes[0, col].plot(ks, [r["tau"] for r in rs], "-o", ms=3, label=d)
+            if all(not _nan(r.get("speedup")) for r in rs):
+                axes[1, col].plot(ks, [r["speedup"] for r in rs], "-o", ms=3, color=line.get_color(), label=f"{d}")
+            if all(not _nan(r.get("predicted_speedup")) for r in rs):
+                axes[1, col].plot(ks, [r["predicted_speedup"] for r in rs], ":", color=line.get_color())
+        title = " ".join(str(x) for x in (task, f"T={temp}" if temp != "" else "") if x)
+        axes[0, col].set(xlabel="K", ylabel="tokens per target call (tau)", title=title)
+        axes[1, col].set(xlabel="K", ylabel="speedup vs ArS (dotted: predicted)")
+        axes[1, col].axhline(1, color="gray", lw=0.5)
+        axes[0, col].legend(fontsize=6)
+    fig.tight_layout()
     return _save(fig, out_dir, name)
 
 

@@ -79,3 +79,25 @@ def test_adaptive_lookahead_stops_when_unsure_and_stays_exact():
     assert greedy.proposed[:-1] == fixed.proposed[:-1]
     with pytest.raises(ValueError, match="confidence_threshold"):
         sr.drafts.ModelDraft(draft, confidence_threshold=1.5)
+
+
+def test_measure_cli_writes_the_drafts_table(tmp_path, smollm):
+    from specrepro.drafts import measure
+
+    out = tmp_path / "fig" / "measure"
+    rows = measure.main(["--drafts", "lookup", "--ks", "1,2", "--news", "1", "--code", "1", "--temps", "0",
+                         "--new-tokens", "4", "--dtype", "float32", "--threads", "1",
+                         "--results", str(tmp_path / "runs" / "m.jsonl"), "--out", str(out)])
+    assert {(r["task"], r["K"]) for r in rows} == {("news", 1), ("news", 2), ("code", 1), ("code", 2)}
+    assert all(r["tau"] >= 1 and r["v"] > 0 and r["c"] > 0 for r in rows)
+    assert out.with_suffix(".csv").exists() and out.with_suffix(".json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--ks", "0"], "1..32"), (["--temps", "-1"], "--temps"),
+                                           (["--new-tokens", "0"], "--new-tokens")])
+def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
+    from specrepro.drafts import measure
+
+    with pytest.raises(SystemExit):
+        measure.main(argv)
+    assert message in capsys.readouterr().err

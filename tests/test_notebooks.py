@@ -68,7 +68,12 @@ def test_table1_outputs(smoke_outputs):
 
 def test_drafts_outputs(smoke_outputs):
     rows = read_csv(smoke_outputs / "drafts.csv")
-    assert rows and all(r["tau"] >= 1 and r["c"] > 0 for r in rows)
+    assert rows and all(r["tau"] >= 1 and r["c"] > 0 and r["v"] > 0 and r["predicted_speedup"] > 0 for r in rows)
+    # every draft on both tasks at both temperatures and every K of the smoke profile
+    assert {(r["draft"], r["task"], r["temperature"], r["K"]) for r in rows} == {
+        (d, t, temp, k) for d in ("truncated:2", "lookup") for t in ("news", "code") for temp in (0.0, 1.0)
+        for k in (1, 2, 4)}
+    assert (smoke_outputs / "drafts.png").exists()
 
 
 def test_typo_in_params_is_a_clear_error(tmp_path, monkeypatch):

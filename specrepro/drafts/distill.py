@@ -46,7 +46,7 @@ def target_pass(model, sequences: list[torch.Tensor], top_k: int = 32, keep_hidd
 
 
 @torch.inference_mode()
-def target_continuations(model, tokenizer, prompts: list[str], new_tokens: int, batch: int = 16,
+def target_continuations(model, tokenizer, prompts: list[str], new_tokens: int, batch: int = 32,
                          seed: int = 0) -> list[tuple[torch.Tensor, int]]:
     """(prompt + continuation ids, prompt length) per prompt; even batches greedy, odd ones T=1 samples."""
     torch.manual_seed(seed)
@@ -103,12 +103,15 @@ def gen_data(model, tokenizer, cfg: dict) -> dict:
     return data
 
 
+# gen: every news train article (199) and 200 stdlib prefixes, 128 target tokens each (about 50k
+# target-written positions, ~10 min to build on 2 CPU cores). The first version used 32 + 32 x 64 tokens
+# (3.8k positions): the feature draft then agreed with the target on only 16-28% of target-written tokens.
 DATA_DEFAULTS = {
     "news_tokens": 16384,
     "code_tokens": 16384,
-    "gen_news": 32,
-    "gen_code": 32,
-    "gen_new_tokens": 64,
+    "gen_news": 199,
+    "gen_code": 200,
+    "gen_new_tokens": 128,
     "top_k": 32,
 }
 
