@@ -87,18 +87,10 @@ def task_prompts(kind: str, tokenizer, n: int) -> list[torch.Tensor]:
 
 
 def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype = torch.float32):
-    """`truncated:N`, a saved HF causal LM directory, or a kind known to specrepro.drafts.load."""
-    if spec.startswith("truncated:"):
-        return truncated_draft(target, int(spec.split(":", 1)[1]))
-    if Path(spec).expanduser().is_dir():
-        from .models import load_model
+    """truncated:N, a model directory or model:<id>, lookup+<spec>, or a kind of specrepro.drafts.load."""
+    from .experiments import make_draft
 
-        return load_model(spec, dtype=dtype)[0]
-    from . import drafts
-
-    if hasattr(drafts, "load"):  # trained drafts (another branch): small, seqkd, feature, heads, lookup
-        return drafts.load(spec, target=target)
-    raise ValueError(f"unknown draft {spec!r}: use truncated:N, a model directory, or a specrepro.drafts kind")
+    return make_draft(spec, target, dtype=dtype, device=next(target.parameters()).device)
 
 
 @dataclass(frozen=True)

@@ -198,24 +198,26 @@ def joint_table(results_path, setting: str, target_seed: int = 0, vocab: int = 6
 
 
 def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
-    """A draft from a short spec: "truncated:N", "model:<HF id or dir>", or a kind of specrepro.drafts.load.
+    """A draft from a short spec.
 
-    "truncated:N" is the target's first N layers with its final norm and LM head, sharing the target's
-    modules (specrepro.drafts.lookup.truncated_model): a lossless-valid, weak draft at no extra memory.
+    "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
+    modules (specrepro.drafts.lookup.truncated_model). "model:<HF id or dir>" or a local model directory:
+    a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling back to <spec> where
+    the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a kind of
+    specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
     """
+    if spec.startswith("lookup+"):
+        from .drafts import HybridDraft
+
+        return HybridDraft(make_draft(spec[len("lookup+"):], target, dtype, device))
     if spec.startswith("truncated:"):
         return truncated_model(target, int(spec.split(":", 1)[1]))
-    if spec.startswith("model:"):
+    if spec.startswith("model:") or Path(spec).expanduser().is_dir():
         from .models import load_model
 
-        return load_model(spec.split(":", 1)[1], dtype=dtype, device=device)[0]
+        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device)[0]
     from . import drafts
 
-    if not hasattr(drafts, "load"):
-        raise ValueError(
-            f"draft {spec!r} needs specrepro.drafts.load (branch `drafts`), which is not merged here; "
-            "use 'truncated:N' or 'model:<id or dir>'"
-        )
     return drafts.load(spec, target=target)
 
 

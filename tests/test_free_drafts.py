@@ -101,3 +101,28 @@ def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit):
         measure.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_hybrid_draft_greedy_equals_ars_and_uses_both_proposers(smollm):
+    from specrepro.drafts import HybridDraft
+    from specrepro.experiments import make_draft
+
+    model, tokenizer = smollm
+    text = "def add(a, b):\n    return a + b\n\n\ndef add3(a, b, c):\n    return"
+    prompt = torch.tensor(tokenizer(text)["input_ids"])
+    draft = make_draft("lookup+truncated:4", model)
+    assert isinstance(draft, HybridDraft)
+    ref = sr.autoregressive_generate(model, prompt, 24, temperature=0)
+    got = sr.speculative_generate(model, draft, prompt, 24, lookahead=3, temperature=0)
+    assert torch.equal(got.tokens, ref.tokens)
+    assert draft.lookup_loops > 0 and draft.fallback_loops > 0
+
+
+def test_hybrid_draft_rejects_bad_settings():
+    from specrepro.drafts import HybridDraft
+
+    target = tiny_llama(0)
+    with pytest.raises(ValueError, match="fallback_k"):
+        HybridDraft(target, fallback_k=0)
+    with pytest.raises(ValueError, match="vocabulary"):
+        HybridDraft(target, LookupDraft(target.config.vocab_size + 1))

@@ -12,7 +12,7 @@ from conftest import EOS, tiny_llama
 from specrepro import speculative_generate
 from specrepro import speculative as spec_module
 from specrepro import wrong as wrong_samplers
-from specrepro.drafts import FeatureDraft, HeadsDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
+from specrepro.drafts import FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
 from specrepro.sampling import SamplingConfig
 from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
 
@@ -40,6 +40,9 @@ DRAFTS = [
     ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
     # adaptive lookahead: the draft stops when unsure of its next token
     ("adaptive", lambda target, draft: ModelDraft(draft, confidence_threshold=0.6)),
+    # prompt lookup where the context has a match, the feature draft elsewhere
+    ("lookup+feature", lambda target, draft: HybridDraft(FeatureDraft.init_for(target, {"ffn": 32}, seed=6),
+                                                         LookupDraft(target.config.vocab_size, max_ngram=2))),
 ]
 # the correct configurations, the draft strategies and the no-bonus control share one family
 ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
@@ -85,6 +88,8 @@ def test_every_draft_kind_is_lossless(name, factory):
     result, outcomes, bonus_loops = fit(target, draft, 3, sampling, EOS, seed=200 + [n for n, _ in DRAFTS].index(name))
     assert result.pvalue > ALPHA, result
     assert bonus_loops > 0
+    if isinstance(draft, HybridDraft):  # both proposers took part
+        assert draft.lookup_loops > 0 and draft.fallback_loops > 0, (draft.lookup_loops, draft.fallback_loops)
 
 
 def test_greedy_sps_is_deterministic_and_equals_target_argmax_path(tiny_pair):

@@ -2,11 +2,12 @@
 from .base import Draft, ModelDraft, as_draft
 from .feature import FeatureDraft
 from .heads import HeadsDraft
+from .hybrid import HybridDraft
 from .lookup import LookupDraft, TruncatedDraft, truncated_model
 from .small import SmallDraft
 from .trainer import KINDS, load, train
 
 __all__ = [
     "Draft", "ModelDraft", "as_draft", "LookupDraft", "TruncatedDraft", "truncated_model",
-    "SmallDraft", "FeatureDraft", "HeadsDraft", "KINDS", "train", "load",
+    "SmallDraft", "FeatureDraft", "HeadsDraft", "HybridDraft", "KINDS", "train", "load",
 ]
