@@ -20,6 +20,7 @@ import torch
 
 import specrepro as sr
 import specrepro.models as models
+from specrepro import reproduce
 from conftest import tiny_llama
 from specrepro.results import ResultsFile, read_csv, write_csv, write_json
 from test_errors import _word_tokenizer
@@ -221,7 +222,8 @@ def _outputs(root: Path) -> dict:
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     clean = _reproduce(tmp_path / "clean")
     killed = _reproduce(tmp_path / "killed", start_new_session=True)
-    results = tmp_path / "killed" / "results" / "losslessness.jsonl"
+    (job,) = reproduce.plan("smoke", ["01_losslessness"], {"n_samples": 80, "chunk": 10}, tmp_path / "killed")
+    results = Path(job[1]["results_dir"]) / "losslessness.jsonl"  # keyed by the settings
     _kill_when_some_lines(killed, results, at_least=3)
     before = _lines(results)
     complete = [line for line in before if line.endswith(b"\n")]
