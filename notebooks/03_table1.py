@@ -14,6 +14,11 @@
 # only inside `specrepro.tasks.humaneval.check_completion`'s sandbox), with nucleus and greedy decoding:
 # result, mean token time and speedup, with the paper's numbers beside ours.
 #
+# In float32, greedy SpS emits exactly greedy ArS's tokens. In bfloat16 (the cpu profile, where it is much
+# faster) the target's logits shift slightly with the number of tokens per pass (other matmul kernels), so
+# greedy SpS and ArS can part at near-ties and their scores differ a little; both are greedy decodes of
+# the bfloat16 target.
+#
 # **What the paper states** (Chen et al. 2023, arXiv:2302.01318, Table 1 caption): Chinchilla 70B with a 4B
 # draft, batch size 1, K = 4; "XSum was executed with nucleus parameter p = 0.8, and HumanEval with p = 0.95
 # and temperature 0.8". The caption gives no temperature for XSum, so we use 1.0 there (unverified).
