@@ -294,12 +294,14 @@ def bench(
     progress: bool = False,
     adaptive: bool = False,
     adaptive_threshold: float = 0.4,
+    setup: Setup | None = None,
 ) -> dict:
     """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}.
 
     adaptive: also our SpS at K = max(ks) with the draft's confidence stop (model drafts only).
+    setup: prebuilt runners for this target and draft (else built here from dtype, adaptive_threshold, runners).
     """
-    setup = Setup(target, draft, dtype, adaptive_threshold, runners)
+    setup = setup or Setup(target, draft, dtype, adaptive_threshold, runners)
     if configs is None:
         schedules = ("lookup",) if setup.draft_is_lookup else ("constant", "heuristic")
         configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None,
@@ -609,17 +611,19 @@ def main(argv=None) -> dict:
     prompts = [p.to(args.device) for p in (task_prompts(args.prompts, tokenizer, args.n_prompts)
                                             if args.prompts in ("news-eval", "humaneval")
                                             else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
+    runners = tuple(args.runners.split(","))
+    # one set of runners for the timed runs and the profile (a second would rebuild, and recompile, them)
+    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners)
     result = bench(
-        target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")),
-        tuple(args.runners.split(",")), hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True,
-        adaptive=args.adaptive is not None, adaptive_threshold=0.4 if args.adaptive is None else args.adaptive,
+        target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
+        hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
+        setup=setup,
     )
     meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
     write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers
     if args.profile and draft is not None:
-        setup = Setup(target, draft, dtype, runners=args.runners.split(","))
         result["profile"] = {}
-        for runner in args.runners.split(","):
+        for runner in runners:
             t = setup.targets[runner]
             t.reset()
             best = min((r for r in result["summary"] if r["impl"] == "ours_sps" and r["runner"] == runner

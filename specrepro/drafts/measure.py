@@ -44,9 +44,11 @@ def main(argv=None) -> list[dict]:
         ks = parse_ks(args.ks)
     except ValueError as err:
         parser.error(str(err))
-    for name in ("news", "code", "new_tokens"):
-        if getattr(args, name) < 0 or (name == "new_tokens" and args.new_tokens < 1):
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("news", "code"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.new_tokens < 1:
+        parser.error(f"--new-tokens must be >= 1, got {args.new_tokens}")
     if any(t < 0 for t in args.temps):
         parser.error(f"--temps must be >= 0, got {args.temps}")
     threads = set_threads(args.threads)
