@@ -104,7 +104,7 @@ def gen_data(model, tokenizer, cfg: dict) -> dict:
 
 
 # gen: every news train article (199) and 200 stdlib prefixes, 128 target tokens each (about 50k
-# target-written positions, ~10 min to build on 2 CPU cores). The first version used 32 + 32 x 64 tokens
+# target-written positions; 21 min to build at 1 torch thread on the 2-core CPU). The first version used 32 + 32 x 64 tokens
 # (3.8k positions): the feature draft then agreed with the target on only 16-28% of target-written tokens.
 DATA_DEFAULTS = {
     "news_tokens": 16384,
