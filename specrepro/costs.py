@@ -30,6 +30,12 @@ def as_runner(target, keep_hidden: bool = False):
     return HFRunner(target, keep_hidden=keep_hidden)
 
 
+def _sync(device) -> None:
+    """Wait for queued GPU work, so a wall-clock interval covers the pass itself (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _vocab(runner) -> int:
     from .runners import vocab_size
 
@@ -73,13 +79,16 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
             for n in sizes:
                 ids = torch.randint(0, vocab[name], (n,), generator=g).to(runner.device)
                 runner.rollback(s["base"])
+                _sync(runner.device)
                 t = time.perf_counter()
                 runner.forward(ids)
+                _sync(runner.device)
                 s["times"][n].append(time.perf_counter() - t)
             runner.rollback(s["base"])
             if s["proposer"] is not None:
                 t = time.perf_counter()
                 s["proposer"].propose(prefix, 1, greedy, g, s["hidden"])  # one step, as inside a loop
+                _sync(runner.device)
                 s["draft"].append(time.perf_counter() - t)
     out = {}
     for name, s in state.items():

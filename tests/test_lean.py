@@ -187,7 +187,7 @@ def test_lean_matches_hf_on_real_target(smollm, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", ONEDNN])
 def test_greedy_sps_on_real_target_with_lean_runners(smollm, backend):
-    from specrepro.bench import truncated_draft
+    from specrepro.workloads import truncated_draft
 
     model, tokenizer = smollm
     draft = truncated_draft(model, 4)
