@@ -6,8 +6,11 @@ is a drop-in `target` for speculative_generate and a runner for `drafts.ModelDra
 - a preallocated KV cache [layers, 1, kv_heads, capacity, head_dim] written by position, so a rollback
   is just `self.length = n` (later writes overwrite the rejected slots, as in gpt-fast);
 - RoPE cos/sin tables computed once by the model's own rotary module (any rope_type it supports);
-- one `F.scaled_dot_product_attention` per layer over the cached prefix with an explicit causal mask for
-  the new block, GQA without repeating keys;
+- attention over the cached prefix as two batched matmuls per layer with the query heads grouped by
+  their key/value head (GQA without repeating keys) and an explicit causal mask for the new block: on
+  CPU, `F.scaled_dot_product_attention` hits shapes where it takes ~16 ms instead of ~0.1 ms (measured
+  on the 2-core EPYC, e.g. 5 float32 queries over 133 keys, 1 bfloat16 query over 600), so it is used
+  only on other devices;
 - no host syncs, no Python work that grows with the vocabulary or the sequence.
 """
 from __future__ import annotations
@@ -231,13 +234,29 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache[i, :, :, start:end] = k
         v_cache[i, :, :, start:end] = v
-        o = F.scaled_dot_product_attention(
-            q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=n_heads != n_kv_heads
-        )
+        o = attend(q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], mask)
         x = x + wo(o.transpose(1, 2).reshape(n, n_heads * head_dim))[0]
         x = x + mlp(rms_norm(x, ln2), gate_up, down)
     x = rms_norm(x, norm)
     return x, None if head is None else head(x)[0]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax attention. q: [1, heads, n, d]; k, v: [1, kv_heads, L, d]; mask: [n, L] bool or None.
+
+    Query head h reads key/value head h // (heads / kv_heads), as in HF's GQA. Scores and softmax in
+    float32 (HF's eager attention does the same for half-precision models).
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    _, heads, n, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    group = heads // kv
+    scores = (q.reshape(1, kv, group * n, d) @ k.transpose(-1, -2)).float() * d**-0.5  # [1, kv, group * n, L]
+    if mask is not None:
+        scores = scores.view(1, kv, group, n, length).masked_fill(~mask, float("-inf")).view(1, kv, group * n, length)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    return (weights @ v).view(1, heads, n, d)
 
 
 def mlp(h: torch.Tensor, gate_up, down) -> torch.Tensor:
