@@ -85,6 +85,9 @@ class LeanRunner:
         if not is_llama_like(model):
             raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
         check_backend(backend)
+        if compile and backend != "eager":
+            # measured with torch 2.13: inductor fails to lower mkldnn._linear_pointwise on a prepacked weight
+            raise ValueError(f"compile=True needs backend='eager' (torch.compile cannot lower the {backend!r} linears)")
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
         config = model.config

@@ -118,6 +118,8 @@ def test_bad_runner_settings_are_clear_errors():
         LeanRunner(model, backend="mkl")
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
         LeanRunner(model, dtype="bfloat16")
+    with pytest.raises(ValueError, match="compile=True needs backend='eager'"):
+        LeanRunner(model, compile=True, backend="onednn")
 
 
 def test_causal_mask_block_over_prefix():
