@@ -85,12 +85,13 @@ class Setup:
     twin) or any other Draft (ours only). adaptive_threshold: the confidence stop of the "adaptive" runs.
     runners: "hf" (our loop over the HF model), "lean" (LeanRunner, eager linears), "onednn" (LeanRunner
     with oneDNN-prepacked linears), "compiled" (LeanRunner under torch.compile), each optionally
-    "@float32" / "@bfloat16" (default: `dtype`), and "tuned" (the runner sr.tune picks for this draft).
+    "@float32" / "@bfloat16" (default: `dtype`), and "tuned" (the runner sr.tune picks for this draft,
+    with the acceptance measured on `tune_prompt` if given, which also gives tune's K).
     A model draft runs on the same kind of runner as the target, in the same dtype.
     """
 
     def __init__(self, target, draft=None, dtype=torch.float32, adaptive_threshold: float = 0.4,
-                 runners=("hf", "lean")):
+                 runners=("hf", "lean"), tune_prompt: torch.Tensor | None = None):
         if isinstance(draft, ModelDraft) and isinstance(draft.model, torch.nn.Module):
             draft = draft.model  # a trained small draft: its plain model, so every runner can take it
         specs = {r: parse_runner(r, dtype) for r in runners}
@@ -103,7 +104,9 @@ class Setup:
             if kind == "hf":
                 self.targets[name] = HFRunner(target)
             elif kind == "tuned":
-                self.tuned = tune(target, draft, cache=True)
+                # at the bench's thread count: one count for every runner of the run
+                self.tuned = tune(target, draft, prompt=tune_prompt, temperature=0.0,
+                                  threads=[torch.get_num_threads()])
                 self.targets[name] = self.tuned.target
             else:
                 self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
@@ -359,7 +362,10 @@ def main(argv=None) -> dict:
                                             if args.prompts in ("news-eval", "humaneval")
                                             else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
     # one set of runners for the timed runs and the profile (a second would rebuild, and recompile, them)
-    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners)
+    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners, prompts[0])
+    if setup.tuned is not None:
+        print(f"tuned: {setup.tuned.report['name']}, K = {setup.tuned.lookahead} ({setup.tuned.report['why']})")
+        ks = sorted(set(ks) | {setup.tuned.lookahead})
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
