@@ -9,6 +9,7 @@ Notation as in the paper: p = draft, q = target.
 """
 from __future__ import annotations
 
+import difflib
 import statistics
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .costs import from_json, measure_costs
+from .intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 from .lossless import joint_table, run_losslessness, toy_models  # noqa: F401  (the notebooks' entry points)
 from .records import (  # noqa: F401
     PROFILES, check_params, decode_ms_per_token, generate_item, generation_record, generator, per_token_latencies,
@@ -62,32 +64,40 @@ def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookahead
 
 
 def summarise_sweep(records: list[dict], costs: dict, lookaheads) -> list[dict]:
+    """Per (task, K): ms/token, speedup over K = 0 on the same prompts and tau, each with a bootstrap 95%
+    CI over prompts; acceptance, latency percentiles, and the Leviathan prediction from a, c and v(K)."""
     gens = [r for r in records if "lookahead" in r]
     rows = []
     for task in sorted({r["task"] for r in gens}):
         mine = [r for r in gens if r["task"] == task]
         spec = [r for r in mine if r["lookahead"] > 0]
         a = acceptance_mle(sum((r["accepted"] for r in spec), []), sum((r["proposed"] for r in spec), []))
-        base = None
+        base = {(r["item"], r["rep"]): r for r in mine if r["lookahead"] == 0}
         for k in lookaheads:
             rs = [r for r in mine if r["lookahead"] == k]
             if not rs:
                 continue
             tokens = sum(r["n_tokens"] for r in rs)
             seconds = sum(r["seconds"] for r in rs)
-            ms_per_token = decode_ms_per_token(rs)
-            base = ms_per_token if k == 0 else base
             lat = per_token_latencies(rs)
             loops = sum((r["loop_seconds"] for r in rs), [])
             acc = sum((r["accepted"] for r in rs), [])
             prop = sum((r["proposed"] for r in rs), [])
-            tau = tokens / sum(r["target_calls"] for r in rs)
+            tau, tau_lo, tau_hi = ratio_ci([r["n_tokens"] for r in rs], [r["target_calls"] for r in rs])
+            pairs = [(base[(r["item"], r["rep"])], r) for r in rs if (r["item"], r["rep"]) in base]
+            if pairs:
+                speedup, sp_lo, sp_hi = speedup_ci(
+                    [sum(b["loop_seconds"]) for b, _ in pairs], [b["n_tokens"] for b, _ in pairs],
+                    [sum(r["loop_seconds"]) for _, r in pairs], [r["n_tokens"] for _, r in pairs])
+            else:
+                speedup = sp_lo = sp_hi = float("nan")
             c = costs[task].get("c", float("nan"))
             v = costs[task]["v"].get(k, float("nan")) if k else 1.0
             rows.append({
-                "task": task, "K": k, "n_generations": len(rs), "tokens": tokens, "total_seconds": seconds,
-                "ms_per_token": ms_per_token, "speedup": (base / ms_per_token) if base else float("nan"),
-                "tau": tau, "tau_over_K1": tau / (k + 1),
+                "task": task, "K": k, "n_generations": len(rs), "n_items": len({r["item"] for r in rs}),
+                "tokens": tokens, "total_seconds": seconds, "ms_per_token": decode_ms_per_token(rs),
+                "speedup": speedup, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
+                "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi, "tau_over_K1": tau / (k + 1),
                 "acceptance_rate": (sum(acc) / sum(prop)) if sum(prop) else float("nan"),
                 "acceptance_mle_K": acceptance_mle(acc, prop) if k else float("nan"),
                 "ms_per_loop": 1000 * statistics.median(loops),
@@ -124,7 +134,8 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
                code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0) -> list[dict]:
     """ArS and SpS on each benchmark/decoding setting; one resumable item per (row, example, sample).
 
-    settings: {"news": {"nucleus": {...sampling...}, "greedy": {...}}, "humaneval": {"nucleus": {...}}}.
+    settings: {"news": {"nucleus": {...sampling...}, "greedy": {...}}, "humaneval": {"nucleus": {...}}}; a
+    setting's optional "n_items" runs it on the first n items only (e.g. nucleus samples on a subset).
     """
     results = ResultsFile(results_path)
     eos = eos_ids(tokenizer)
@@ -132,8 +143,10 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
     for bench, items, samples, max_new in (("news", news, 1, news_max_new_tokens),
                                            ("humaneval", code, code_samples, code_max_new_tokens)):
         for decoding, sampling in settings.get(bench, {}).items():
+            sampling = dict(sampling)
+            n_items = sampling.pop("n_items", None)  # a setting may run on the first n items only
             n_samples = 1 if sampling.get("temperature", 1.0) == 0 else samples
-            for it in items:
+            for it in items[:n_items]:
                 for s in range(n_samples):
                     for method, k in (("ArS", 0), ("SpS", lookahead)):
                         todo.append((bench, decoding, sampling, max_new, it, s, method, k))
@@ -149,29 +162,69 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         if bench == "news":
             extra["score"] = rouge2(text, it["reference"])
         else:
-            extra["status"] = check_completion(it["problem"], extract_completion(text), timeout=check_timeout).status
+            completion = extract_completion(text)
+            extra["status"] = check_completion(it["problem"], completion, timeout=check_timeout).status
+            extra["similarity"] = code_similarity(completion, it["problem"].canonical_solution)
         results.append(generation_record(gen, key, **extra))
     return summarise_table1(results.values(), pass_k)
 
 
+def code_similarity(completion: str, canonical: str) -> float:
+    """How close a completion is to the problem's canonical solution (difflib ratio over lines, 0..1).
+
+    A metric that varies where pass@k of a 135M target is almost always 0, so that ArS and SpS can be
+    compared on code; it is a similarity, not a correctness measure.
+    """
+    def lines(text):
+        return [line.strip() for line in text.strip().splitlines() if line.strip()]
+
+    return difflib.SequenceMatcher(None, lines(completion), lines(canonical), autojunk=False).ratio()
+
+
 def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
+    """Per (benchmark, decoding, method): the result with its bootstrap 95% CI over items, ms/token and
+    (SpS) the speedup over ArS on the same items with CIs, tau, and paired tests of SpS vs ArS quality."""
     rows = []
     groups = sorted({(r["benchmark"], r["decoding"]) for r in records}, key=lambda g: (g[0] != "news", g))
     for bench, decoding in groups:
-        base = None
+        by = {m: {(r["item"], r["sample"]): r for r in records
+                  if (r["benchmark"], r["decoding"], r["method"]) == (bench, decoding, m)} for m in ("ArS", "SpS")}
+        paired = sorted(set(by["ArS"]) & set(by["SpS"]))
         for method in ("ArS", "SpS"):
-            rs = [r for r in records if (r["benchmark"], r["decoding"], r["method"]) == (bench, decoding, method)]
+            rs = list(by[method].values())
             if not rs:
                 continue
-            ms = decode_ms_per_token(rs)
-            base = ms if method == "ArS" else base
+            seconds = [sum(r["loop_seconds"]) for r in rs]
+            tokens = [r["n_tokens"] for r in rs]
+            ms, ms_lo, ms_hi = (1000 * v for v in ratio_ci(seconds, tokens))
+            tau, tau_lo, tau_hi = ratio_ci(tokens, [r["target_calls"] for r in rs])
             row = {"benchmark": bench, "decoding": decoding, "method": method, "n_generations": len(rs),
-                   "ms_per_token": ms, "speedup": base / ms if base else float("nan"),
-                   "tau": sum(r["n_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)}
+                   "n_items": len({r["item"] for r in rs}), "ms_per_token": ms, "ms_per_token_ci_low": ms_lo,
+                   "ms_per_token_ci_high": ms_hi, "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi}
             if bench == "news":
-                row.update(metric="ROUGE-2", result=float(np.mean([r["score"] for r in rs])))
+                mean, lo, hi = mean_ci([r["score"] for r in rs])
+                row.update(metric="ROUGE-2", result=mean, result_ci_low=lo, result_ci_high=hi)
             else:
                 row.update(_pass_rates(rs, pass_k))
+                if all("similarity" in r for r in rs):
+                    sim, lo, hi = mean_ci([r["similarity"] for r in rs])
+                    row.update(similarity=sim, similarity_ci_low=lo, similarity_ci_high=hi)
+            if method == "SpS" and paired:
+                a = [by["ArS"][key] for key in paired]
+                b = [by["SpS"][key] for key in paired]
+                sp, lo, hi = speedup_ci([sum(r["loop_seconds"]) for r in a], [r["n_tokens"] for r in a],
+                                        [sum(r["loop_seconds"]) for r in b], [r["n_tokens"] for r in b])
+                row.update(speedup=sp, speedup_ci_low=lo, speedup_ci_high=hi, n_pairs=len(paired),
+                           identical_text=sum(x["tokens"] == y["tokens"] for x, y in zip(a, b)) / len(paired))
+                quality = ([("score", "quality")] if bench == "news" else
+                           [("similarity", "quality"), ("passed", "pass")])
+                for field, label in quality:
+                    values = [[_quality(r, field) for r in rs_] for rs_ in (a, b)]
+                    if all(v is not None for v in values[0] + values[1]):
+                        test = paired_test(*values)
+                        row.update({f"{label}_{k}": v for k, v in test.items() if k != "n_pairs"})
+            elif method == "ArS":
+                row.update(speedup=1.0)
             paper = next((p for p in PAPER_TABLE1 if (p["benchmark"], p["decoding"], p["method"]) ==
                           (bench, decoding, method)), None)
             if paper:
@@ -179,6 +232,12 @@ def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
                            paper_speedup=paper["speedup"])
             rows.append(row)
     return rows
+
+
+def _quality(record: dict, field: str) -> float | None:
+    if field == "passed":
+        return None if record.get("status") is None else float(record["status"] == "passed")
+    return record.get(field)
 
 
 def _pass_rates(records: list[dict], pass_k) -> dict:
@@ -193,6 +252,9 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
     for k in [k for k in pass_k if k <= n]:
         out[f"pass@{k}"] = float(np.mean([pass_at_k(len(v), v.count("passed"), k) for v in by_item.values()]))
     k_main = max([k for k in pass_k if k <= n], default=1)
+    if k_main <= n:  # the CI of the main pass@k: resample problems
+        _, lo, hi = mean_ci([pass_at_k(len(v), v.count("passed"), k_main) for v in by_item.values()])
+        out.update(result_ci_low=lo, result_ci_high=hi)
     out.update(metric=f"pass@{k_main}", result=out.get(f"pass@{k_main}", float("nan")), samples_per_problem=n)
     return out
 
@@ -222,9 +284,12 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
             for r in out["rows"]:
                 if r["K"] > 0:
                     rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"], "a": r["a"],
-                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"], "c": r["c"], "v": r["v"],
-                                 "speedup": r["speedup"], "predicted_speedup": r["predicted_speedup"],
-                                 "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"]})
+                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"],
+                                 "tau_ci_low": r["tau_ci_low"], "tau_ci_high": r["tau_ci_high"], "c": r["c"],
+                                 "v": r["v"], "speedup": r["speedup"], "speedup_ci_low": r["speedup_ci_low"],
+                                 "speedup_ci_high": r["speedup_ci_high"], "predicted_speedup": r["predicted_speedup"],
+                                 "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"],
+                                 "n_items": r["n_items"]})
     return rows
 
 
