@@ -13,13 +13,18 @@ import time
 
 import torch
 
+# environment variables that cap the instruction sets torch's kernels use (ATen, oneDNN, MKL): with them a
+# CPU runs as an older kind (e.g. AVX2 only on an AVX512 machine), so they belong to the machine's identity
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
 # flags that change which matrix kernels a CPU library can use (x86: SIMD width, bf16/int8 dot products, AMX)
 KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                 "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 
 
 def cpu_info() -> dict:
-    """{"model", "flags" (the kernel-relevant subset, sorted), "cores" usable by this process, "arch"}."""
+    """{"model", "flags" (the kernel-relevant subset, sorted), "cores" usable by this process, "arch",
+    "isa_limits" (the ISA_LIMITS variables that are set)}."""
     model, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -33,14 +38,16 @@ def cpu_info() -> dict:
     except OSError:  # not Linux: the platform module's words are all there is
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limits = {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
     return {"model": model or platform.processor() or platform.machine(), "flags": sorted(flags.intersection(KERNEL_FLAGS)),
-            "cores": cores, "arch": platform.machine()}
+            "cores": cores, "arch": platform.machine(), "isa_limits": limits}
 
 
 def describe_cpu(info: dict | None = None) -> str:
     """'AMD EPYC (2 cores; avx2 avx512_bf16 ...)': the line printed beside benchmark numbers."""
     info = info or cpu_info()
-    return f"{info['model']} ({info['cores']} cores; {' '.join(info['flags']) or 'no SIMD flags read'})"
+    limits = "".join(f"; {k}={v}" for k, v in info.get("isa_limits", {}).items())
+    return f"{info['model']} ({info['cores']} cores; {' '.join(info['flags']) or 'no SIMD flags read'}{limits})"
 
 
 def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:

@@ -266,7 +266,7 @@ def estimate_acceptance(target, draft, prompt, cand: dict, lookahead: int, tempe
 def cache_key(machine: dict, target, draft, candidates, max_lookahead: int) -> str:
     ident = {
         "version": TUNE_VERSION, "cpu": machine["model"], "flags": machine["flags"], "cores": machine["cores"],
-        "arch": machine["arch"], "torch": torch.__version__, "target": model_identity(target),
+        "arch": machine["arch"], "isa_limits": machine.get("isa_limits", {}), "torch": torch.__version__, "target": model_identity(target),
         "draft": None if draft is None else model_identity(draft), "device": str(_device(target)),
         "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
     }

@@ -117,17 +117,19 @@ def test_tune_cache_is_reused_and_keyed_by_machine_torch_and_model(home, monkeyp
     assert len(calls) == 1 and again.report["cached"] and again.report["costs"] == first.report["costs"]
     assert len(list((home / "tune").glob("*.json"))) == 1
 
-    info = machine.cpu_info()
-    monkeypatch.setattr(tune_mod, "cpu_info", lambda: {**info, "flags": sorted(info["flags"] + ["amx_bf16"])})
+    real_info = machine.cpu_info
+    monkeypatch.setattr(tune_mod, "cpu_info", lambda: {**real_info(), "flags": sorted(real_info()["flags"] + ["amx_bf16"])})
     assert not small_tune(model, **kw).report["cached"] and len(calls) == 2  # another CPU kind
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # the same CPU capped to an older instruction set
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 3
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert not small_tune(model, **kw).report["cached"] and len(calls) == 3  # another torch
-    assert not small_tune(llama(5, layers=3), **kw).report["cached"] and len(calls) == 4  # another target
-    assert small_tune(model, **kw).report["cached"] and len(calls) == 4
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 4  # another torch
+    assert not small_tune(llama(5, layers=3), **kw).report["cached"] and len(calls) == 5  # another target
+    assert small_tune(model, **kw).report["cached"] and len(calls) == 5
     # a damaged cache file is measured afresh, not trusted
     for f in (home / "tune").glob("*.json"):
         f.write_text("{not json")
-    assert not small_tune(model, **kw).report["cached"] and len(calls) == 5
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 6
 
 
 def test_unavailable_backend_is_skipped_with_its_reason(home, monkeypatch):
