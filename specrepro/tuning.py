@@ -333,3 +333,58 @@ def _vocab(model) -> int:
     from .runners import vocab_size
 
     return vocab_size(model)
+
+
+def main(argv=None) -> dict:
+    """python -m specrepro.tuning [--target ID] [--draft SPEC] [--acceptance A] [--threads N ...] [--no-cache]
+
+    Measures (or reads from the cache) every candidate setting on this machine and prints, per setting, the
+    one-token pass against the memory floor (weight bytes / copy bandwidth) and v(K) for K = 1, 2, 4, 8, 16.
+    """
+    import argparse
+
+    from .machine import copy_bandwidth, weight_bytes
+    from .models import load_model
+    from .workloads import make_draft
+
+    ap = argparse.ArgumentParser(prog="python -m specrepro.tuning", description=main.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--draft", default=None, help="a draft spec (lookup, small, feature, truncated:N, ...)")
+    ap.add_argument("--acceptance", type=float, default=None, help="an estimate of a, to choose K")
+    ap.add_argument("--threads", type=int, nargs="*", default=None)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--out", default=None, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        _check_threads(args.threads)
+    except ValueError as err:
+        ap.error(str(err))
+    model, _ = load_model(args.target)
+    draft = make_draft(args.draft, model) if args.draft else None
+    setting = tune(model, draft, acceptance=args.acceptance, threads=args.threads, reps=args.reps,
+                   cache=not args.no_cache)
+    report = setting.report
+    bandwidth = copy_bandwidth()
+    report["copy_bandwidth_gbs"] = bandwidth
+    print(f"{report['cpu']}; torch {report['torch']}; copy bandwidth {bandwidth:.1f} GB/s "
+          f"(at {torch.get_num_threads()} threads); {'cached' if report['cached'] else 'measured'}")
+    print(f"{'setting':28s} {'1-token ms':>10s} {'floor ms':>9s} {'x floor':>8s}" +
+          "".join(f"{f'v({k})':>8s}" for k in (1, 2, 4, 8, 16)))
+    for name, entry in report["costs"].items():
+        floor = 1e3 * weight_bytes(model, DTYPES[entry["candidate"]["dtype"]]) / (bandwidth * 1e9)
+        entry["floor_ms"] = floor
+        v = entry["v"]
+        print(f"{name:28s} {entry['target_ms'][1]:10.1f} {floor:9.1f} {entry['target_ms'][1] / floor:8.2f}" +
+              "".join(f"{v[k]:8.2f}" if k in v else f"{'':8s}" for k in (1, 2, 4, 8, 16)))
+    for name, why in report["skipped"].items():
+        print(f"{name:28s} skipped: {why}")
+    print(f"chosen: {report['name']}, K = {setting.lookahead}: {report['why']}")
+    if args.out:
+        write_json(args.out, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
