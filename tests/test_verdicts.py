@@ -88,12 +88,17 @@ def test_cheating_completion_does_not_pass(has_close_elements, name):
     assert result.status == expected, (name, result)
 
 
-def test_cheats_that_end_the_process_fool_an_exit_status_verdict(has_close_elements):
-    """Power: the exit cheats above would pass if the verdict were the exit status (as before issue 10)."""
-    for name, (completion, _) in CHEATS.items():
-        if "exit" in name or "SystemExit" in name or EXIT in completion:
-            fooled = run_untrusted(program_for(has_close_elements, completion), timeout=3.0)
-            assert fooled.status == "passed", name
+FOOL_EXIT_STATUS = {name for name in CHEATS if "exit" in name or "SystemExit" in name} | {
+    "quit()", "always-equal result", "int subclass with a lying __eq__", "printing a fake verdict",
+    "writing to every inherited fd", "writing to every fd in /proc/self/fd",
+    "reading every fd and echoing it to every fd"}
+
+
+def test_which_cheats_fool_a_single_program_exit_status_verdict(has_close_elements):
+    """Power: these cheats pass when the verdict is the exit status of prompt + completion + tests."""
+    fooled = {name for name, (completion, _) in CHEATS.items()
+              if run_untrusted(program_for(has_close_elements, completion), timeout=3.0).passed}
+    assert fooled == FOOL_EXIT_STATUS
 
 
 def test_harmless_extras_around_a_correct_solution_still_pass(has_close_elements):
@@ -118,6 +123,36 @@ def test_helpers_the_test_uses_come_from_the_prompt_not_the_completion():
     assert run_untrusted(program_for(find_zero, fake)).status == "passed"  # it fools the single-program harness
     assert check_completion(find_zero, fake).status == "failed"
     assert check_completion(find_zero, find_zero.canonical_solution).status == "passed"
+
+
+def test_patched_builtins_fool_only_the_single_program_harness():
+    truncate = load_humaneval()[2]  # check() uses abs()
+    fake = "    return 0.5\nimport builtins\nbuiltins.abs = lambda x: 0\n"
+    assert "abs(" in truncate.test
+    assert run_untrusted(program_for(truncate, fake)).status == "passed"
+    assert check_completion(truncate, fake).status == "failed"
+
+
+# Harness-aware forgers: they find the token and the verdict fd in the harness's frame and send them.
+FORGERS = {
+    "sys._getframe": "    import os, sys\n    frame = sys._getframe()\n",
+    "a traceback": "    import os\n    try:\n        1 / 0\n    except ZeroDivisionError as error:\n"
+                   "        frame = error.__traceback__.tb_frame\n",
+}
+FORGE = ("    while frame is not None and 'token' not in frame.f_locals:\n        frame = frame.f_back\n"
+         "    os.write(frame.f_locals['verdict_fd'], frame.f_locals['token'])\n    os._exit(0)\n")
+
+
+@pytest.mark.parametrize("route", list(FORGERS))
+def test_harness_aware_forger_is_stopped_by_the_audit_hook(has_close_elements, monkeypatch, route):
+    from specrepro.tasks import sandbox
+
+    forger = FORGERS[route] + FORGE
+    assert check_completion(has_close_elements, forger).status == "failed"
+    # power: the same forger succeeds against the harness without its audit hook
+    assert "sys.addaudithook(audit_hook())" in sandbox.HARNESS
+    monkeypatch.setattr(sandbox, "HARNESS", sandbox.HARNESS.replace("sys.addaudithook(audit_hook())", "pass"))
+    assert check_completion(has_close_elements, forger).status == "passed"
 
 
 def test_sample_of_canonical_solutions_pass():
