@@ -250,3 +250,31 @@ def test_project_and_home_are_hidden_and_mounts_cannot_be_undone():
     assert umount.split()[:2] == ["-1", "-1"]
     entries = ast.literal_eval(tmp)
     assert len(entries) == 1 and entries[0].startswith("specrepro-sandbox-")  # only its own scratch dir
+
+
+FALLBACKS = {"no mount namespace": {"private_dirs": False, "hidden": (), "read_only": ()},
+             "no namespaces": {"private_dirs": False, "hidden": (), "read_only": (), "namespaces": False,
+                               "unshare": None}}
+
+
+@pytest.mark.parametrize("fallback", list(FALLBACKS))
+def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallback):
+    """Machines without (mount) namespaces: the verdict does not rely on them."""
+    import dataclasses
+
+    from specrepro.tasks import sandbox
+
+    reduced = dataclasses.replace(sandbox_info(), **FALLBACKS[fallback])
+    monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
+    assert check_completion(has_close_elements, CORRECT).status == "passed"
+    for name in ("sys.exit(0)", "os._exit(0) at top level", "writing to every fd in /proc/self/fd",
+                 "reading every fd and echoing it to every fd", "/proc/self/mem", "always-equal result"):
+        assert check_completion(has_close_elements, CHEATS[name][0], timeout=3.0).status == "failed", name
+    for route in FORGERS:
+        assert check_completion(has_close_elements, FORGERS[route] + FORGE).status == "failed", route
+    spawn = ("    import subprocess, sys\n    child = subprocess.run([sys.executable, '-I', '-c', "
+             "'import os; open(\"/proc/%d/mem\" % os.getppid(), \"rb\"); print(\"read\")'], "
+             "capture_output=True, text=True)\n    print(child.stdout, child.stderr)\n")
+    result = check_completion(has_close_elements, spawn + CORRECT)
+    assert result.status == "passed" and "read" not in result.stdout.split()  # non-dumpable harness
+    assert "Error" in result.stdout

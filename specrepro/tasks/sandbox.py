@@ -1,21 +1,67 @@
-"""Run untrusted, model-written Python in a throw-away subprocess.
+"""Run untrusted, model-written Python in a throw-away subprocess, and judge it by its tests.
 
 Every program gets its own fresh interpreter (``python -I``), its own
 temporary directory (cwd, HOME and TMPDIR; deleted afterwards), a clean
 environment (PATH, HOME, LANG, TMPDIR only) and its own session, and is
 killed with everything it spawned once it ends or its wall-clock time
-runs out.
+runs out. Inside, a small trusted harness (``HARNESS``) sets up what the
+kernel layers below cannot, then runs the program.
 
-What is contained, layer by layer (``sandbox_info()`` says which layers
-this machine has):
+Verdicts (``run_tests``; HumanEval uses it)
+-------------------------------------------
+``run_untrusted`` judges a plain program by its exit status, which the
+program controls (``sys.exit(0)``, ``os._exit(0)``): fine for "did it run",
+useless as a verdict. ``run_tests`` passes only when the trusted test's
+``check(candidate)`` returned normally:
 
+* The parent writes a fresh 256-bit token into a pipe and closes its end;
+  the harness reads it and closes that fd before any untrusted code runs,
+  so the token is in no fd, file, argv or environment the program sees.
+  After ``check`` returns, the harness writes the token to a second pipe
+  and calls ``os._exit(0)``. The parent says ``passed`` only if that pipe
+  holds exactly the token and the exit status is 0. Exiting early with any
+  status, raising ``SystemExit`` anywhere, dying by a signal, or writing
+  anything (a fake verdict, junk, a guessed token) to any fd gives
+  ``failed``/``killed``/``timed_out``; junk on the verdict pipe fails even a
+  correct solution (fail closed).
+* Before the program runs, the harness installs a PEP 578 audit hook,
+  which cannot be removed from Python, refusing for the rest of the process
+  the routes from the program to the harness's frame (and so to the token):
+  ``sys._getframe``, ``sys._current_frames``, traceback/generator
+  ``*_frame`` attributes, ``sys.settrace``/``setprofile``, ``gc``
+  introspection, every ``ctypes`` call, new code objects, setting
+  ``__code__``, new audit hooks and opening anything under /proc (with the
+  mount namespace /proc is also an empty read-only tmpfs). The process is
+  made non-dumpable, so a child it spawns cannot read its memory either.
+* The test runs in its own namespace, with the builtins and the modules it
+  imports as they were before the program ran, and with the helpers of the
+  trusted prompt (not the program's redefinitions); the test and prompt
+  files are deleted before the program runs. The candidate's results must
+  be built from exact builtin types, so an object whose ``__eq__`` always
+  says True fails.
+
+What an adversary in the same interpreter can still do: anything that gets
+past the audit hook -- a CPython memory-safety bug, a route to a frame or to
+raw memory that the hook does not cover (audit hooks are documented as not
+a security boundary), or, without namespaces and without a uid drop, a race
+that swaps a symlink to /proc/self/mem between the hook's check and the
+open. With the token in hand it can forge a pass (the tests show such a
+forger passing once the hook is removed). It can also answer from memory
+what the test expects. Only running ``check`` in a separate process would
+close this, at the cost of HumanEval's semantics (the test shares objects
+with the candidate). Without ``uid_drop`` and running as root, a spawned
+child could read the harness's memory despite non-dumpability
+(CAP_SYS_PTRACE).
+
+Containment, layer by layer (``sandbox_info()`` says which layers this machine has)
+-------------------------------------------------------------------------------------
 * Always: resource limits set before exec -- RLIMIT_AS (memory),
   RLIMIT_CPU (timeout + 1 s), RLIMIT_FSIZE (largest file it may write),
   RLIMIT_NOFILE, RLIMIT_CORE = 0 -- a wall-clock timeout enforced here,
   output read incrementally and capped, the process group killed
-  afterwards, and a prelude that makes ``socket.socket`` raise and turns
-  ``faulthandler`` off. The prelude is a speed bump only (``_socket`` is
-  still importable); the OS limits are the defence.
+  afterwards, and a harness that makes ``socket.socket`` raise and turns
+  ``faulthandler`` off. The socket patch is a speed bump only (``_socket``
+  is still importable); the OS limits are the defence.
 * Running as root with an interpreter an unprivileged user can execute
   (``uid_drop``): the program runs as a fresh random uid. Then
   RLIMIT_NPROC caps its process count (as root that limit is ignored by
@@ -28,17 +74,27 @@ this machine has):
   and pid namespaces. The net namespace has no interfaces up, so any
   connection fails at once; when the program (pid 1 there) exits, the
   kernel kills every process left in its pid namespace.
+* A mount namespace usable too (``private_dirs``): the harness, as root of
+  the new user namespace, mounts fresh tmpfs over /tmp, /dev/shm, /var/tmp
+  and /run/lock (so whatever the program leaves there vanishes with it),
+  an empty read-only tmpfs over the project tree, the caller's cwd and
+  HOME (``hidden``; one holding the interpreter's standard library is
+  bound read-only instead, ``read_only``), a fresh /proc showing only its
+  own processes, then drops every capability (bounding set, securebits
+  locked, no_new_privs), so it cannot unmount any of it. Packages
+  installed inside a hidden tree (e.g. a venv in the project) cannot be
+  imported by the program; the standard library can.
 
-Not contained: reading any file its uid may read; writing to world-writable
-places such as /tmp or /dev/shm (files it leaves there survive the run, each
-capped by RLIMIT_FSIZE); without ``uid_drop``,
-writing to any path the parent user may write when it knows the absolute
-path; without ``uid_drop`` a fork bomb is limited only by RLIMIT_NPROC,
-which counts *all* processes of the user (so it is set relative to the
-current count) and does not apply to root at all -- then only the
-timeout and the final kill bound it; without ``namespaces`` and without
-``uid_drop``, a ``setsid`` escapee survives the kill; no filesystem,
-syscall (seccomp) or CPU-share isolation.
+Not contained: reading any file its uid may read outside the hidden
+paths; without ``private_dirs``, writing to world-writable places such as
+/tmp or /dev/shm (files it leaves there survive the run, each capped by
+RLIMIT_FSIZE); without ``uid_drop``, writing to any path the parent user
+may write when it knows the absolute path; without ``uid_drop`` a fork bomb
+is limited only by RLIMIT_NPROC, which counts *all* processes of the user
+(so it is set relative to the current count) and does not apply to root at
+all -- then only the timeout and the final kill bound it; without
+``namespaces`` and without ``uid_drop``, a ``setsid`` escapee survives the
+kill; no syscall (seccomp) or CPU-share isolation.
 """
 
 from __future__ import annotations
