@@ -282,7 +282,8 @@ HOSTILE_COMPLETIONS = {  # completion -> the status its sample must get
     "    return a + b\n": "passed",
     "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return a + b\n": "failed",
     "    import os\n    assert 'SPECREPRO_SECRET' not in os.environ\n    return a + b\n": "passed",
-    "    import subprocess\n    subprocess.Popen(['/bin/sleep', '30'])\n    return a + b\n": "passed",
+    # tests may not spawn processes (RLIMIT_NPROC 0, as the reference harness disables fork and Popen)
+    "    import subprocess\n    subprocess.Popen(['/bin/sleep', '30'])\n    return a + b\n": "failed",
     "    open('/etc/passwd', 'a').write('x')\n    return a + b\n": "failed",
 }
 

@@ -73,6 +73,10 @@ CHEATS = {
     "memory read with ctypes": ("    import ctypes\n    ctypes.string_at(id(numbers), 64)\n    return True\n",
                                 "failed"),
     "/proc/self/mem": ("    open('/proc/self/mem', 'rb')\n    return True\n", "failed"),
+    "spawning a process to read the harness": ("    import subprocess\n    subprocess.run(['/bin/cat', "
+                                             "'/proc/1/mem'])\n    return True\n", "failed"),
+    "starting a thread": ("    import threading\n    threading.Thread(target=print).start()\n"
+                          "    return True\n", "failed"),
 }
 
 
@@ -103,7 +107,7 @@ def test_which_cheats_fool_a_single_program_exit_status_verdict(has_close_elemen
 
 def test_harmless_extras_around_a_correct_solution_still_pass(has_close_elements):
     for extra in ("print('hello')\n", "import sys\nsys.stderr.write('noise\\n')\n",
-                  "import subprocess\nsubprocess.Popen(['/bin/sleep', '30'])\n",
+                  "assert not [c for c in object.__subclasses__() if 'CData' in c.__name__]\n",  # no ctypes loaded
                   "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\n",
                   "import os\nassert os.listdir('.') == ['program.py'], os.listdir('.')\n"):  # no test file to read
         result = check_completion(has_close_elements, CORRECT + extra, timeout=3.0)
@@ -272,9 +276,6 @@ def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallba
         assert check_completion(has_close_elements, CHEATS[name][0], timeout=3.0).status == "failed", name
     for route in FORGERS:
         assert check_completion(has_close_elements, FORGERS[route] + FORGE).status == "failed", route
-    spawn = ("    import subprocess, sys\n    child = subprocess.run([sys.executable, '-I', '-c', "
-             "'import os; open(\"/proc/%d/mem\" % os.getppid(), \"rb\"); print(\"read\")'], "
-             "capture_output=True, text=True)\n    print(child.stdout, child.stderr)\n")
+    spawn = "    import subprocess\n    subprocess.run(['/bin/true'])\n"  # a child could read our memory
     result = check_completion(has_close_elements, spawn + CORRECT)
-    assert result.status == "passed" and "read" not in result.stdout.split()  # non-dumpable harness
-    assert "Error" in result.stdout
+    assert result.status == "failed" and "BlockingIOError" in result.stderr, result.stderr

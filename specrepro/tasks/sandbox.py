@@ -29,10 +29,14 @@ useless as a verdict. ``run_tests`` passes only when the trusted test's
   the routes from the program to the harness's frame (and so to the token):
   ``sys._getframe``, ``sys._current_frames``, traceback/generator
   ``*_frame`` attributes, ``sys.settrace``/``setprofile``, ``gc``
-  introspection, every ``ctypes`` call, new code objects, setting
-  ``__code__``, new audit hooks and opening anything under /proc (with the
-  mount namespace /proc is also an empty read-only tmpfs). The process is
-  made non-dumpable, so a child it spawns cannot read its memory either.
+  introspection, importing ``ctypes`` (never loaded in this process: the
+  mount set-up that needs it runs in a launcher that then execs the
+  harness), new code objects, setting ``__code__``, new audit hooks and
+  opening anything under /proc (with the mount namespace /proc is also an
+  empty read-only tmpfs). RLIMIT_NPROC 0 stops it from starting processes
+  or threads, so no child can read or ptrace the harness (the reference
+  harness disables ``fork`` and ``Popen`` too). Stdlib modules that peek at
+  frames while loading (``types``, ``collections``...) are imported first.
 * The test runs in its own namespace, with the builtins and the modules it
   imports as they were before the program ran, and with the helpers of the
   trusted prompt (not the program's redefinitions); the test and prompt
@@ -43,15 +47,14 @@ useless as a verdict. ``run_tests`` passes only when the trusted test's
 What an adversary in the same interpreter can still do: anything that gets
 past the audit hook -- a CPython memory-safety bug, a route to a frame or to
 raw memory that the hook does not cover (audit hooks are documented as not
-a security boundary), or, without namespaces and without a uid drop, a race
-that swaps a symlink to /proc/self/mem between the hook's check and the
-open. With the token in hand it can forge a pass (the tests show such a
-forger passing once the hook is removed). It can also answer from memory
-what the test expects. Only running ``check`` in a separate process would
-close this, at the cost of HumanEval's semantics (the test shares objects
-with the candidate). Without ``uid_drop`` and running as root, a spawned
-child could read the harness's memory despite non-dumpability
-(CAP_SYS_PTRACE).
+a security boundary), or, without the mount namespace, a race that swaps a
+symlink to /proc/self/mem between the hook's check and the open. With the
+token in hand it can forge a pass (the tests show such a forger passing
+once the hook is removed). It can also answer from memory what the test
+expects. Only running ``check`` in a separate process would close this, at
+the cost of HumanEval's semantics (the test shares objects with the
+candidate). Running as root without ``uid_drop``, RLIMIT_NPROC does not
+apply, so the program can spawn a child that reads the harness's memory.
 
 Containment, layer by layer (``sandbox_info()`` says which layers this machine has)
 -------------------------------------------------------------------------------------
@@ -152,7 +155,10 @@ def checked(ctypes, result, what):
 
 
 def make_private(private, sources):
-    """As root of a fresh user+mount namespace: private tmpfs dirs, hidden paths, then no capabilities."""
+    """As root of a fresh user+mount namespace: private tmpfs dirs, hidden paths, then no capabilities.
+
+    Runs in a launcher process that then execs the real harness, so ctypes (raw memory access) is
+    never loaded where the program runs."""
     ctypes, lib = libc()
     rdonly, nosuid, nodev, remount, bind, rec = 1, 2, 4, 32, 4096, 16384
 
@@ -171,8 +177,11 @@ def make_private(private, sources):
     scratch = private["scratch"]
     os.mkdir(scratch, 0o700)
     os.chdir(scratch)
-    with open(os.path.join(scratch, "program.py"), "w", encoding="utf-8") as handle:
-        handle.write(sources["program"])
+    files = {}
+    for name, text in sources.items():
+        files[name] = os.path.join(scratch, f"{name}.py")
+        with open(files[name], "w", encoding="utf-8") as handle:
+            handle.write(text)
     if private["hide_proc"]:
         mount(b"tmpfs", "/proc", b"tmpfs", nosuid | nodev | rdonly, b"mode=0555,size=4096")
     set_securebits, capbset_drop, no_new_privs = 28, 24, 38
@@ -191,7 +200,7 @@ def make_private(private, sources):
 
     checked(ctypes, lib.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "capset")
     checked(ctypes, lib.prctl(no_new_privs, 1, 0, 0, 0), "no_new_privs")
-    return os.path.join(scratch, "program.py")
+    return files
 
 
 def run_program(path, source):
@@ -204,14 +213,16 @@ def audit_hook():
     """Refuse, for the rest of the process, the introspection that could reach the harness's token."""
     realpath, fsdecode = os.path.realpath, os.fsdecode
     refused = frozenset({"sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions",
-                         "sys.addaudithook", "code.__new__", "object.__setattr__", "object.__delattr__"})
+                         "sys.addaudithook", "code.__new__"})
 
     def hook(event, args):
         if event == "sys._getframe":
             raise ValueError("frame introspection is disabled while the tests run")
         if (event in refused or event.startswith(("gc.", "ctypes.", "cpython."))
-                or (event == "object.__getattr__" and str(args[1]).endswith("_frame"))):
-            raise RuntimeError(f"{event} is disabled while the tests run")
+                or (event == "object.__getattr__" and str(args[1]).endswith("_frame"))
+                or (event in ("object.__setattr__", "object.__delattr__") and args[1] == "__code__")
+                or (event == "import" and str(args[0]).split(".")[0] in ("ctypes", "_ctypes"))):
+            raise RuntimeError(f"{event} {args[0] if event == 'import' else ''} is disabled while the tests run")
         if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             path = realpath(fsdecode(args[0]))
             if path == "/proc" or path.startswith("/proc/"):
@@ -265,6 +276,11 @@ def trusted_namespace(helpers, test):
     return namespace
 
 
+PREIMPORTS = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions",
+              "functools", "hashlib", "heapq", "itertools", "math", "operator", "random", "re", "statistics",
+              "string", "traceback", "types", "typing")
+
+
 def run_tests(spec, path, sources):
     """The program, then check(candidate); the token goes out only if check returned."""
     read_fd, write_fd, exit_now, streams = os.read, os.write, os._exit, (sys.stdout, sys.stderr)
@@ -282,6 +298,10 @@ def run_tests(spec, path, sources):
     program = compile(sources["program"], path, "exec")
     sys.argv = [path]
     globals_ = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+    for name in PREIMPORTS:  # some stdlib modules peek at frames while they load: load them before the hook
+        __import__(name)
+    import resource
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no processes or threads: none to read our memory
     sys.addaudithook(audit_hook())
     exec(program, globals_)
     candidate = namespace[spec["entry_point"]] = plain_data_guard(globals_[spec["entry_point"]])
@@ -301,13 +321,11 @@ def main(spec):
     for name in ("test", "helpers"):
         if name in spec["files"]:
             os.remove(spec["files"][name])  # the program must not read the expected answers from disk
-    path = spec["files"]["program"]
     if spec["private"]:
-        path = make_private(spec["private"], sources)
-    if spec["mode"] == "tests":
-        ctypes, lib = libc()
-        checked(ctypes, lib.prctl(4, 0, 0, 0, 0), "dumpable")  # PR_SET_DUMPABLE: no /proc/<pid>/mem for others
-        del ctypes, lib
+        files = make_private(spec["private"], sources)
+        exe = sys.executable
+        os.execv(exe, [exe, "-I", "-c", BOOT, HARNESS, json.dumps(dict(spec, files=files, private=None))])
+    path = spec["files"]["program"]
     block_network()
     if spec["mode"] == "tests":
         run_tests(spec, path, sources)
@@ -318,7 +336,10 @@ def main(spec):
 main(json.loads(sys.argv.pop(1)))
 '''
 
-BOOT = 'import sys; exec(compile(sys.argv.pop(1), "<sandbox>", "exec"), {"__name__": "__sandbox__", "__builtins__": __builtins__})'
+# The harness runs in a dict of its own: nothing of it is left in __main__ for the program to find.
+BOOT = ('import sys; exec(compile(sys.argv[1], "<sandbox>", "exec"), {"__name__": "__sandbox__", '
+        '"__builtins__": __builtins__, "BOOT": sys.orig_argv[sys.orig_argv.index("-c") + 1], '
+        '"HARNESS": sys.argv.pop(1)})')
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 PROGRAM_NAME = "program.py"
