@@ -279,3 +279,32 @@ def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallba
     spawn = "    import subprocess\n    subprocess.run(['/bin/true'])\n"  # a child could read our memory
     result = check_completion(has_close_elements, spawn + CORRECT)
     assert result.status == "failed" and "BlockingIOError" in result.stderr, result.stderr
+
+
+def test_paths_holding_the_stdlib_are_read_only_not_hidden(monkeypatch):
+    from specrepro.tasks import sandbox
+
+    project = Path(sandbox.__file__).resolve().parents[2]
+    home = project.parent  # a HOME that holds both the interpreter and the project
+    monkeypatch.setattr(Path, "home", lambda: home)
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: [str(home / "lib/python3")])
+    hidden, read_only = sandbox._private_paths("python3", None)
+    assert read_only == (str(home),) and str(home) not in hidden
+    assert str(project) in hidden and "/" not in hidden + read_only
+
+
+def test_sandbox_info_falls_back_when_mounts_fail(monkeypatch):
+    from specrepro.tasks import sandbox
+
+    if not sandbox_info().namespaces:
+        pytest.skip("no user namespaces here: nothing to fall back from")
+    monkeypatch.setattr(sandbox, "_probe_private", lambda *args: False)
+    sandbox.sandbox_info.cache_clear()
+    try:
+        reduced = sandbox.sandbox_info()
+        assert reduced.namespaces and not reduced.private_dirs and reduced.hidden == ()
+        assert "shared filesystem" in reduced.containment
+        assert run_untrusted("print('ok')").stdout == "ok\n"
+    finally:
+        sandbox.sandbox_info.cache_clear()

@@ -490,9 +490,12 @@ def _private_paths(interpreter: str, uid: int | None) -> tuple[tuple[str, ...], 
     read_only: list[str] = []
     for path in sorted({os.path.realpath(c) for c in candidates}, key=len):
         if (path == "/" or not os.path.isdir(path) or any(_within(path, s) for s in SYSTEM_PATHS)
-                or any(_within(path, h) for h in hidden + read_only)):
+                or any(_within(path, h) for h in hidden)):
             continue
-        (read_only if any(_within(n, path) for n in needed) else hidden).append(path)
+        if not any(_within(n, path) for n in needed):
+            hidden.append(path)  # mounted after the read-only binds, so this works inside one too
+        elif not any(_within(path, r) for r in read_only):
+            read_only.append(path)
     return tuple(hidden), tuple(read_only)
 
 
