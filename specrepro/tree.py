@@ -60,7 +60,8 @@ class TreeSpec:
 
     Level 1 holds the root's `width` likeliest (greedy) or sampled-without-replacement children; each
     later level expands the `width` nodes of the level above with the highest cumulative draft probability,
-    `width` children each, until `max_nodes` (default: no limit beyond the shape) is reached.
+    `width` children each, within `max_nodes` (default: no limit beyond the shape), of which one node per
+    deeper level is kept in reserve so that the tree reaches `depth`.
     width=1 is the chain of `depth` tokens.
     """
 
@@ -258,8 +259,10 @@ def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch
             frontier = sorted(frontier, key=lambda i: -tree.scores[i])[: spec.width]
             logits = next_logits(tree, frontier)
         new = []
+        # one node of the budget stays reserved for each deeper level, so that the tree reaches its depth
+        level_budget = budget - len(tree) - (spec.depth - level - 1)
         for node, row in zip(frontier, logits):
-            m = min(spec.width, budget - len(tree))
+            m = min(spec.width, level_budget - len(new))
             if m <= 0:
                 break
             base = 1.0 if node < 0 else tree.scores[node]

@@ -130,9 +130,10 @@ def draw(target, draft, spec, sampling, eos, seed, n=N):
     return outcomes, full_paths, rejected_all
 
 
-def fit(target, draft, spec, sampling, eos, seed, n=N):
+def fit(target, draft, spec, sampling, eos, seed, n=N, model=None):
+    """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
     outcomes, full_paths, rejected_all = draw(target, draft, spec, sampling, eos, seed, n)
-    result = chisquare_fit(outcomes, exact_joint(target, PROMPT, L, sampling, eos))
+    result = chisquare_fit(outcomes, exact_joint(model or target, PROMPT, L, sampling, eos))
     return result, outcomes, full_paths, rejected_all
 
 
@@ -144,9 +145,7 @@ def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperatur
     sampling = SamplingConfig(temperature, top_k, top_p)
     seed = 300 + CONFIGS.index((width, depth, temperature, top_k, top_p, max_nodes, eos, runner))
     runs_on = LeanRunner(target) if runner == "lean" else target
-    result, outcomes, full_paths, rejected_all = fit(runs_on, draft, spec, sampling, eos, seed)
-    expected = exact_joint(target, PROMPT, L, sampling, eos)
-    assert result == chisquare_fit(outcomes, expected)
+    result, outcomes, full_paths, rejected_all = fit(runs_on, draft, spec, sampling, eos, seed, model=target)
     assert result.pvalue > ALPHA, result
     assert result.cells >= 5, "too few cells for the test to mean anything"
     assert full_paths > 0, "no first loop accepted a full path: the leaf's bonus token went untested"
