@@ -19,7 +19,7 @@ import specrepro as sr
 from conftest import EOS, tiny_llama
 from specrepro import tree as tree_module
 from specrepro import wrong
-from specrepro.drafts import Draft, LookupDraft, ModelDraft
+from specrepro.drafts import Draft, HybridDraft, LookupDraft, ModelDraft
 from specrepro.lean import LeanRunner
 from specrepro.runners import HFRunner
 from specrepro.sampling import SamplingConfig
@@ -32,20 +32,21 @@ N_RULE = 20000  # samples per rule-level configuration (no model: cheap)
 V_RULE = 6
 
 # (width, depth, temperature, top_k, top_p, max_nodes, eos, runner): each width with each depth and each
-# temperature at least once, EOS absorbing unless None, lean = the target runs in specrepro.lean
+# temperature at least once, EOS absorbing unless None; runner: target and draft run as HF models (hf) or
+# in specrepro.lean (lean), so both runners' tree passes and compaction are covered
 CONFIGS = [
     (2, 1, 1.0, None, None, None, EOS, "hf"),
-    (2, 2, 0.5, None, None, None, EOS, "hf"),
+    (2, 2, 0.5, None, None, None, EOS, "lean"),
     (2, 3, 1.5, None, None, None, EOS, "lean"),
     (2, 4, 1.0, None, None, None, EOS, "hf"),
-    (3, 1, 1.5, None, None, None, EOS, "hf"),
+    (3, 1, 1.5, None, None, None, EOS, "lean"),
     (3, 2, 1.0, None, None, None, EOS, "lean"),
     (3, 3, 0.5, None, None, None, EOS, "hf"),
-    (3, 4, 1.0, None, None, 8, EOS, "hf"),
+    (3, 4, 1.0, None, None, 8, EOS, "lean"),
     (4, 1, 0.5, None, None, None, EOS, "lean"),
-    (4, 2, 1.5, None, None, None, EOS, "hf"),
-    (4, 3, 1.0, 3, None, None, EOS, "hf"),  # top-k below the width: fewer children than asked
-    (4, 4, 1.2, None, 0.8, 12, EOS, "hf"),
+    (4, 2, 1.5, None, None, None, EOS, "lean"),
+    (4, 3, 1.0, 3, None, 16, EOS, "hf"),  # top-k below the width: fewer children than asked
+    (4, 4, 1.2, None, 0.8, 12, EOS, "lean"),
     (3, 3, 0.8, 4, 0.9, None, EOS, "lean"),
     (3, 2, 1.0, None, None, None, None, "hf"),  # no EOS: every outcome is a full 3-tuple
 ]
@@ -117,24 +118,27 @@ def test_rule_harness_rejects_wrong_rules(name, rule, draw):
 # --- 2. end to end ---------------------------------------------------------------------------------------
 
 def draw(target, draft, spec, sampling, eos, seed, n=N):
+    """n generations; stats count first loops that accepted a full path (the leaf's bonus token) or
+    nothing (the final residual), and generations that accepted any node."""
     g = torch.Generator().manual_seed(seed)
-    outcomes, full_paths, rejected_all = [], 0, 0
+    outcomes, stats = [], {"full_path": 0, "rejected_all": 0, "accepted_any": 0}
     for _ in range(n):
         gen = sr.speculative_generate(
             target, draft, PROMPT, max_new_tokens=max(L, spec.depth + 1), temperature=sampling.temperature,
             top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec,
         )
         outcomes.append(truncate_outcome(gen.tokens, L, eos))
-        full_paths += gen.accepted[0] == spec.depth
-        rejected_all += gen.accepted[0] == 0
-    return outcomes, full_paths, rejected_all
+        stats["full_path"] += gen.accepted[0] == spec.depth
+        stats["rejected_all"] += gen.accepted[0] == 0
+        stats["accepted_any"] += sum(gen.accepted) > 0
+    return outcomes, stats
 
 
 def fit(target, draft, spec, sampling, eos, seed, n=N, model=None):
     """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
-    outcomes, full_paths, rejected_all = draw(target, draft, spec, sampling, eos, seed, n)
+    outcomes, stats = draw(target, draft, spec, sampling, eos, seed, n)
     result = chisquare_fit(outcomes, exact_joint(model or target, PROMPT, L, sampling, eos))
-    return result, outcomes, full_paths, rejected_all
+    return result, outcomes, stats
 
 
 @pytest.mark.parametrize("width, depth, temperature, top_k, top_p, max_nodes, eos, runner", CONFIGS)
@@ -144,12 +148,15 @@ def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperatur
     spec = TreeSpec(width, depth, max_nodes)
     sampling = SamplingConfig(temperature, top_k, top_p)
     seed = 300 + CONFIGS.index((width, depth, temperature, top_k, top_p, max_nodes, eos, runner))
-    runs_on = LeanRunner(target) if runner == "lean" else target
-    result, outcomes, full_paths, rejected_all = fit(runs_on, draft, spec, sampling, eos, seed, model=target)
+    if runner == "lean":
+        result, outcomes, stats = fit(LeanRunner(target), ModelDraft(LeanRunner(draft)), spec, sampling, eos, seed,
+                                      model=target)
+    else:
+        result, outcomes, stats = fit(target, draft, spec, sampling, eos, seed)
     assert result.pvalue > ALPHA, result
     assert result.cells >= 5, "too few cells for the test to mean anything"
-    assert full_paths > 0, "no first loop accepted a full path: the leaf's bonus token went untested"
-    assert rejected_all > 0, "no first loop rejected every child: the final residual went untested"
+    assert stats["full_path"] > 0, "no first loop accepted a full path: the leaf's bonus token went untested"
+    assert stats["rejected_all"] > 0, "no first loop rejected every child: the final residual went untested"
     if eos is not None:
         assert any(len(o) < L for o in outcomes), "no sample stopped early at EOS"
 
@@ -158,17 +165,19 @@ def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperatur
 def test_every_draft_kind_is_lossless_with_a_tree(name, factory):
     target = tiny_llama(0, layers=2)
     draft = factory(target, tiny_llama(1))
-    result, _, full_paths, _ = fit(target, draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS,
-                                   seed=400 + [n for n, _ in TREE_DRAFTS].index(name))
+    result, _, stats = fit(target, draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS,
+                           seed=400 + [n for n, _ in TREE_DRAFTS].index(name))
     assert result.pvalue > ALPHA, result
-    assert full_paths > 0
+    assert stats["accepted_any"] > 0, "no tree node was ever accepted"
+    if isinstance(draft, HybridDraft):  # both proposers took part
+        assert draft.lookup_loops > 0 and draft.fallback_loops > 0, (draft.lookup_loops, draft.fallback_loops)
 
 
 @pytest.mark.parametrize("name, rule, draw_children", WRONG)
 def test_end_to_end_harness_rejects_wrong_rules(tiny_pair, name, rule, draw_children):
     target, draft = tiny_pair
     with wrong.tree_rule_replaced(rule, draw_children):
-        result, _, _, _ = fit(target, draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=500)
+        result, _, _ = fit(target, draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=500)
     assert result.pvalue < ALPHA, result
 
 
