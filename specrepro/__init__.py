@@ -10,6 +10,7 @@ from .lean import LeanRunner
 from .runners import HFRunner
 from .tree import TreeSpec
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
+from .tuning import Setting, tune
 
 __all__ = [
     "Generation",
@@ -17,6 +18,7 @@ __all__ = [
     "LeanRunner",
     "ModelLoadError",
     "SamplingConfig",
+    "Setting",
     "TreeSpec",
     "autoregressive_generate",
     "check_tokenizers",
@@ -28,4 +30,5 @@ __all__ = [
     "specrepro_home",
     "speculative_generate",
     "speculative_generate_batch",
+    "tune",
 ]

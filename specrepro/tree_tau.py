@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import experiments as ex
+from . import records as rec
+from . import workloads as wl
 from .lean import LeanRunner, set_threads
 from .models import load_model
 from .results import ResultsFile, markdown_table, machine_info
@@ -45,7 +46,7 @@ def run(target, drafts: dict, prompts: dict, ks, trees, temps, new_tokens: int, 
             continue
         gen = speculative_generate(target, drafts[draft_name], item["prompt_ids"], max_new_tokens=new_tokens,
                                    lookahead=k, temperature=temp, eos_token_id=eos, tree=tree,
-                                   generator=ex.generator(seed, f"{task}|{item['id']}|T{temp:g}"))
+                                   generator=rec.generator(seed, f"{task}|{item['id']}|T{temp:g}"))
         store.append({"key": key, "draft": draft_name, "task": task, "temperature": temp, "setting": name,
                       "nodes": tree.nodes if tree else k, "item": item["id"], "tokens": len(gen.tokens),
                       "target_calls": gen.target_calls, "accepted": gen.accepted})
@@ -96,14 +97,14 @@ def main(argv=None) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model("smollm2-135m-instruct", dtype=dtype)
     target = LeanRunner(model, dtype=dtype)
-    drafts = {spec: ex.make_draft(spec, model, dtype=dtype) for spec in args.drafts}
-    prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
+    drafts = {spec: wl.make_draft(spec, model, dtype=dtype) for spec in args.drafts}
+    prompts = {"news": wl.news_items(tokenizer, args.news), "code": wl.code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
     records = run(target, drafts, prompts, ks, trees, args.temps, args.new_tokens, args.results, args.seed,
-                  ex.eos_ids(tokenizer))
+                  wl.eos_ids(tokenizer))
     rows = summarise(records)
     out = Path(args.out)
-    ex.write_outputs(out.parent, out.name, rows, {"machine": machine_info(), "torch": torch.__version__,
+    rec.write_outputs(out.parent, out.name, rows, {"machine": machine_info(), "torch": torch.__version__,
                                                    **vars(args), "threads": threads})
     print(markdown_table(rows, COLUMNS, digits=3))
     return rows

@@ -2,7 +2,7 @@
 
 python -m specrepro.drafts.measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
     [--temps 0 1] [--new-tokens 24] [--dtype bfloat16] [--threads 2] [--out figures/drafts/measure]
-    [--tree 3x4 ...]
+    [--tree 3x4 ...]   (also tau of token trees against the chains, timing-free: specrepro.tree_tau)
 
 Held-out prompts: news eval articles (chat template, summarisation request) and HumanEval prompts. Each
 (draft, temperature) is one lookahead sweep with ArS as its baseline, timed in this run; items are kept in
@@ -19,9 +19,8 @@ from .trainer import FREE_KINDS, KINDS
 from .. import experiments as ex
 from ..bench import parse_ks
 from .. import tree_tau
-from ..lean import LeanRunner, set_threads
+from ..lean import set_threads
 from ..tree import parse_tree
-from ..models import load_model
 
 COLUMNS = ["draft", "task", "temperature", "K", "a", "acceptance_rate", "tau", "c", "v", "speedup",
            "predicted_speedup", "ms_per_token"]
@@ -37,7 +36,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--code", type=int, default=2, help="HumanEval prompts")
     parser.add_argument("--temps", type=float, nargs="*", default=[0.0, 1.0])
     parser.add_argument("--new-tokens", type=int, default=24)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the target's compute dtype; auto: sr.tune measures both here and keeps the faster")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable CPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", default="runs/measure/drafts.jsonl", help="per-item records, for resuming")
@@ -59,19 +59,20 @@ def main(argv=None) -> list[dict]:
     if any(t < 0 for t in args.temps):
         parser.error(f"--temps must be >= 0, got {args.temps}")
     threads = set_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    target, tokenizer = load_model("smollm2-135m-instruct", dtype=dtype)
+    target, tokenizer = ex.load_target("smollm2-135m-instruct", args.dtype)
+    # one tuned runner for every draft, so all rows share one ArS baseline (tuned for a free draft)
+    runner, tuned = ex.tuned_target(target, ex.make_draft("lookup", target), args.dtype, threads)
     prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
     rows = ex.measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
-                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=dtype)
-    meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads}
+                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=target.dtype, runner=runner)
+    meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
     out = Path(args.out)
     ex.write_outputs(out.parent, out.name, rows, meta)
     print(ex.markdown_table(rows, COLUMNS, digits=3))
     if trees:
-        records = tree_tau.run(LeanRunner(target, dtype=dtype), {d: ex.make_draft(d, target, dtype=dtype) for d in args.drafts},
-                               prompts, ks, trees, args.temps, args.new_tokens,
+        drafts = {d: ex.make_draft(d, target, dtype=target.dtype) for d in args.drafts}
+        records = tree_tau.run(runner, drafts, prompts, ks, trees, args.temps, args.new_tokens,
                                Path(args.results).with_name("tree_tau.jsonl"), args.seed, ex.eos_ids(tokenizer))
         tree_rows = tree_tau.summarise(records)
         ex.write_outputs(out.parent, f"{out.name}-tree", tree_rows, meta)
