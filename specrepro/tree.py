@@ -34,10 +34,12 @@ greedy drafts) makes one-hot rows, p_i = onehot(x_i): child i is accepted with p
 residual becomes r with x_i zeroed, renormalised. With one child per node (width 1) this is Algorithm 2
 step for step, and `accept` draws its uniforms as `rejection_step` does, so a chain reproduces the chain.
 
-Which nodes get children is decided level by level from the draft alone, BEFORE the children are drawn
-(the best `width` nodes of the last level by cumulative draft probability, EAGLE-2 style): discarding
-children after seeing them (keeping the likeliest) would make x_i no longer a draw from p_i, and the
-proof above would fail.
+Which nodes get children, and how many, is decided level by level from the draft alone, BEFORE those
+children are drawn (the best `width` nodes of the last level by cumulative draft probability, EAGLE-2
+style, within the node budget): it may depend on anything drawn earlier, never on the children
+themselves. Discarding children after seeing them (keeping the likeliest) would make x_i no longer a draw
+from p_i, and the proof above would fail. The draft's "distribution after a node" need not be a true
+conditional (Medusa-style heads ignore the parent's token): the proof only needs x_i ~ p_i.
 
 Greedy (temperature 0): q is one-hot, and the rule reduces to following the child equal to the target's
 argmax; `accept` does exactly that, without coins.
