@@ -58,7 +58,7 @@ RULES = [
     ("sparse-w3", 3, 3, False),  # p zero on 3 of 6 tokens, q positive there: the residual carries them
     ("one-hot-w3", 3, None, True),  # a deterministic proposer: distinct children, one-hot rows
 ]
-TREE_DRAFTS = [d for d in DRAFTS]
+TREE_DRAFTS = DRAFTS  # every draft kind of test_lossless
 ALPHA = 0.01 / (len(CONFIGS) + len(RULES) + len(TREE_DRAFTS) + 1)  # + the power draft's correct run
 
 WRONG = [

@@ -114,7 +114,8 @@ class ModelDraft(Draft):
 
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
         """A token tree after seq (specrepro.tree.grow): one batched draft pass per level, each fed node
-        attending to the context and its ancestors. The cache is rolled back to seq afterwards."""
+        attending to the context and its ancestors. The cache is rolled back to seq afterwards.
+        confidence_threshold is not used: the tree's shape is set by its TreeSpec."""
         from ..tree import attention_mask, grow
 
         seq = seq.to(self.runner.device)
