@@ -241,8 +241,14 @@ def top_children(logits: torch.Tensor, m: int):
     probs = logits.float().softmax(-1)
     m = min(m, int((probs > 0).sum()))
     tokens = probs.topk(m).indices.tolist()
-    eye = torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), logits.shape[-1]).float()
-    return tokens, list(eye)
+    return tokens, list(one_hot_rows(tokens, logits.shape[-1]))
+
+
+def one_hot_rows(tokens: list[int], vocab_size: int) -> torch.Tensor:
+    """[len(tokens), V] float32 one-hot rows (F.one_hot would build an int64 table first: 3x the memory)."""
+    rows = torch.zeros(len(tokens), vocab_size)
+    rows[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+    return rows
 
 
 def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch.Tensor, next_logits) -> Tree:

@@ -39,21 +39,26 @@ class LookupDraft(Draft):
         (most recent match first), merged into a trie: at most spec.width children per node, spec.nodes in
         all. The tree is a function of the context alone, so its one-hot rows are what each token was
         "drawn" from (specrepro.tree's rule for deterministic proposers)."""
-        from ..tree import Tree
+        from ..tree import Tree, one_hot_rows
 
         tree = Tree(self.vocab_size)
-        eye = torch.eye(self.vocab_size)
         budget = spec.nodes
+        kids: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child}
         for cont in self.continuations(seq, spec.depth):
+            if len(tree) >= budget:
+                break
             node = -1
             for token in cont.tolist():
-                child = next((c for c in tree.children().get(node, []) if tree.tokens[c] == token), None)
+                child = kids[node].get(token)
                 if child is None:
-                    siblings = len(tree.children().get(node, []))
-                    if siblings >= spec.width or len(tree) >= budget:
+                    if len(kids[node]) >= spec.width or len(tree) >= budget:
                         break
-                    child = tree.add(node, token, eye[token], 1.0)
+                    child = tree.add(node, token, None, 1.0)  # rows below, in one allocation
+                    kids[node][token] = child
+                    kids[child] = {}
                 node = child
+        if len(tree):
+            tree.rows = list(one_hot_rows(tree.tokens, self.vocab_size))
         return tree
 
     def continuations(self, seq: torch.Tensor, k: int) -> list[torch.Tensor]:
