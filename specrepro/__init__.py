@@ -8,6 +8,7 @@ from .sampling import SamplingConfig, logits_to_probs, sample
 from .batch import speculative_generate_batch
 from .lean import LeanRunner
 from .runners import HFRunner
+from .tree import TreeSpec
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
 from .tuning import Setting, tune
 
@@ -18,6 +19,7 @@ __all__ = [
     "ModelLoadError",
     "SamplingConfig",
     "Setting",
+    "TreeSpec",
     "autoregressive_generate",
     "check_tokenizers",
     "drafts",

@@ -159,6 +159,38 @@ class LeanRunner:
         return logits.float()
 
     @torch.inference_mode()
+    def forward_tree(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """forward() over a token tree (specrepro.tree): RoPE at `positions`, keys seen per bool `mask`
+        [n, length + n]; the new keys go to the next n cache slots."""
+        n = ids.shape[-1]
+        start, end = self.length, self.length + n
+        if mask.shape != (n, end):
+            raise ValueError(f"tree mask must have shape {(n, end)}, got {tuple(mask.shape)}")
+        if end > self.capacity:
+            self._grow(end)
+        positions = positions.to(self.device)
+        hidden, logits = self._block(
+            ids.to(self.device).view(n), start, self.embed, self.head, self.norm, self.layers,
+            self.k_cache, self.v_cache, self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads,
+            self.head_dim, mask.to(self.device),
+        )
+        if self.keep_hidden:
+            self.hidden = hidden
+        self.length = end
+        return logits.float()
+
+    @torch.inference_mode()
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only cache slots `keep` (ascending), moved down in place (no recomputation)."""
+        keep = keep.to(self.device)
+        dst = torch.arange(len(keep), device=self.device)
+        moved = keep != dst
+        if bool(moved.any()):
+            self.k_cache[:, :, :, dst[moved]] = self.k_cache[:, :, :, keep[moved]]
+            self.v_cache[:, :, :, dst[moved]] = self.v_cache[:, :, :, keep[moved]]
+        self.length = len(keep)
+
+    @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """forward() without the LM head: caches the tokens (a prompt's logits are never read)."""
         n = ids.shape[-1]
@@ -221,11 +253,13 @@ def causal_mask(start: int, n: int, device) -> torch.Tensor | None:
     return keys.view(1, -1) <= queries.view(-1, 1)
 
 
-def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_heads, n_kv_heads, head_dim):
-    """Embed n new tokens at positions start.., run every layer writing the cache, return (hidden, logits)."""
+def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_heads, n_kv_heads, head_dim,
+           tree_mask=None):
+    """Embed n new tokens into cache slots start.., run every layer writing the cache, return (hidden, logits).
+    cos/sin are at the tokens' positions (start.. unless a tree); tree_mask [n, start + n] replaces the causal one."""
     n = ids.shape[0]
     end = start + n
-    mask = causal_mask(start, n, ids.device)
+    mask = causal_mask(start, n, ids.device) if tree_mask is None else tree_mask
     x = F.embedding(ids, embed)  # [n, H]
     for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
         h = rms_norm(x, ln1)

@@ -5,6 +5,9 @@
     runner.forward(ids)           ids: [n] LongTensor -> logits [n, V] (float32); caches them
     runner.prefill(ids)           caches ids without computing logits (optional)
     runner.rollback(length)       forget everything after the first `length` tokens
+    runner.forward_tree(ids, positions, mask)   a token tree (specrepro.tree): given positions, bool mask
+                                  [n, length + n] of the cached and new tokens each new token sees
+    runner.compact(keep)          keep only the cache slots `keep` (ascending LongTensor), in that order
     runner.hidden                 [n, H] last-layer hidden states of the last forward (if requested)
 """
 from __future__ import annotations
@@ -37,15 +40,44 @@ class HFRunner:
         49k vocabulary costs as much as the layers of a small model."""
         self._run(ids, head=False)
 
-    def _run(self, ids: torch.Tensor, head: bool) -> torch.Tensor | None:
+    @torch.inference_mode()
+    def forward_tree(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """forward() over tokens at the given positions, each seeing only what the bool mask
+        [n, length + n] allows (a 4-D mask is used by transformers as given)."""
+        n = ids.shape[-1]
+        if mask.shape != (n, self.length + n):
+            raise ValueError(f"tree mask must have shape {(n, self.length + n)}, got {tuple(mask.shape)}")
+        dtype = next(self.model.parameters()).dtype
+        # additive float mask: read the same way by the sdpa and eager attention paths
+        bias = torch.zeros(mask.shape, dtype=dtype, device=self.device)
+        bias.masked_fill_(~mask.to(self.device), torch.finfo(dtype).min)
+        return self._run(ids, True, positions.view(1, n), bias.view(1, 1, n, -1))[0].float()
+
+    @torch.inference_mode()
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only cache slots `keep` (ascending), moved down in place; the slots before the first
+        moved one stay where they are."""
+        keep = keep.to(self.device)
+        same = keep == torch.arange(len(keep), device=self.device)
+        first = int(same.logical_not().nonzero()[0]) if not bool(same.all()) else len(keep)
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[..., first : len(keep), :] = t[..., keep[first:], :]
+        self.rollback(len(keep))
+
+    def _run(self, ids: torch.Tensor, head: bool, positions=None, mask=None) -> torch.Tensor | None:
         n = ids.shape[-1]
         ids = ids.to(self.device).view(1, n)
-        positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
+        if positions is None:
+            positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
         self.length += n
+        extra = {} if mask is None else {"attention_mask": mask}
         if not (self.keep_hidden or not head):
-            return self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True).logits
+            return self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **extra).logits
         # the base model alone: the normed last hidden state feeds feature drafts, the head is optional
-        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True)
+        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True,
+                                       **extra)
         self.hidden = out.last_hidden_state[0] if self.keep_hidden else None
         return self.model.get_output_embeddings()(out.last_hidden_state) if head else None
 

@@ -13,6 +13,7 @@ import torch
 from .drafts.base import Draft, as_draft
 from .runners import HFRunner, context_window, vocab_size
 from .sampling import SamplingConfig, sample
+from . import tree as tree_sampling
 
 MAX_LOOKAHEAD = 32
 
@@ -95,20 +96,30 @@ def speculative_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    tree: tree_sampling.TreeSpec | None = None,
 ) -> Generation:
-    """Algorithm 2: the draft proposes `lookahead` tokens, one target pass scores them all."""
+    """Algorithm 2: the draft proposes `lookahead` tokens, one target pass scores them all.
+
+    tree: a TreeSpec verifies a token tree per target call instead (specrepro.tree; `lookahead` unused).
+    """
     if draft is None:
         raise ValueError("speculative_generate needs a draft; use autoregressive_generate without one")
     _check_lookahead(lookahead)
+    if tree is not None and not isinstance(tree, tree_sampling.TreeSpec):
+        raise TypeError(f"tree must be a specrepro.TreeSpec or None, got {type(tree).__name__}")
     return _generate(
-        target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator
+        target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
+        tree,
     )
 
 
-def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator):
+def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
+              tree=None):
     sampling = SamplingConfig(temperature, top_k, top_p)
     _check_max_new_tokens(max_new_tokens)
     proposer: Draft | None = as_draft(draft) if draft is not None else None
+    if tree is not None:
+        tree_sampling.check_can_branch(proposer, tree)
     if hasattr(target, "rollback"):  # already a runner (e.g. specrepro.lean.LeanRunner)
         runner = target
         runner.keep_hidden = runner.keep_hidden or _wants_hidden(proposer)
@@ -139,6 +150,11 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         if hidden is not None:
             hidden.append(runner.hidden)
     seq = prompt
+    if tree is not None:
+        tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, eos, generator, hidden)
+        out.draft_calls = proposer.calls
+        out.seconds = time.perf_counter() - start
+        return out
     new = []
     while len(new) < max_new_tokens:
         loop_start = time.perf_counter()

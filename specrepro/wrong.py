@@ -96,3 +96,92 @@ def _correct_after(draft_tokens, p, q, generator, invert):
     if residual.sum() <= 0:
         return n, sample(q[n], generator)
     return n, sample(residual / residual.sum(), generator)
+
+
+# --- wrong multi-candidate rules for token trees (specrepro.tree) ---------------------------------------------
+# Each has the signature of specrepro.tree.accept; `tree_rule_replaced` swaps one in (with, for the first,
+# a drafting step that samples children with replacement). The tree losslessness test must reject each.
+
+@contextlib.contextmanager
+def tree_rule_replaced(accept, draw_children=None):
+    """Run tree speculative sampling with another acceptance rule (and optionally another child draw)."""
+    from . import tree
+
+    saved = tree.accept, tree.draw_children
+    tree.accept = accept
+    if draw_children is not None:
+        tree.draw_children = draw_children
+    try:
+        yield
+    finally:
+        tree.accept, tree.draw_children = saved
+
+
+def draw_with_replacement(p, m, generator=None):
+    """Children drawn independently from p (duplicates possible), each row p itself."""
+    tokens = [int(sample(p, generator)) for _ in range(m)]
+    return tokens, [p] * m
+
+
+def _walk(tree, q, generator, child_test):
+    """The walk of the correct rule with another test per child: child_test(q, r, row, first_row, x, u) ->
+    (accepted, next r). Returns (path, the last r)."""
+    children = tree.children()
+    u = torch.rand(len(tree), generator=generator)
+    path, node = [], -1
+    while True:
+        r = q[node + 1]
+        kids = children[node]
+        for c in kids:
+            ok, r = child_test(q[node + 1], r, tree.rows[c], tree.rows[kids[0]], tree.tokens[c], u[c])
+            if ok:
+                path.append(c)
+                node = c
+                break
+        else:
+            return path, r
+
+
+def _norm(x, fallback):
+    total = x.sum()
+    return x / total if total > 0 else fallback
+
+
+def tree_unchanged_target(tree, q, generator=None, greedy=False):
+    """Every child tested against the unchanged target, min(1, q/p), with p the draft distribution; after
+    all are rejected, one sample from (q - p)+ (the chain's rule applied to each child independently).
+    Run with draw_with_replacement."""
+    def test(q0, r, row, first, x, u):
+        return bool(u * first[x] < q0[x]), _norm((q0 - first).clamp_min(0), q0)
+    path, r = _walk(tree, q, generator, test)
+    return path, sample(r, generator)
+
+
+def tree_residual_not_updated(tree, q, generator=None, greedy=False):
+    """Rejected children do not update the residual: every child is tested against q; q at the end."""
+    def test(q0, r, row, first, x, u):
+        return bool(u * row[x] < q0[x]), q0
+    path, r = _walk(tree, q, generator, test)
+    return path, sample(r, generator)
+
+
+def tree_siblings_not_removed(tree, q, generator=None, greedy=False):
+    """Later children use the draft's full distribution (the first child's row) in the ratio and the
+    residual, as if the rejected siblings were still in it."""
+    def test(q0, r, row, first, x, u):
+        if u * first[x] < r[x]:
+            return True, r
+        return False, _norm((r - first).clamp_min(0), r)
+    path, r = _walk(tree, q, generator, test)
+    return path, sample(r, generator)
+
+
+def tree_fallback_to_q(tree, q, generator=None, greedy=False):
+    """The correct tests and residual updates, but after all children are rejected a sample from q
+    instead of the final residual."""
+    def test(q0, r, row, first, x, u):
+        if u * row[x] < r[x]:
+            return True, r
+        return False, _norm((r - row).clamp_min(0), r)
+    path, _ = _walk(tree, q, generator, test)
+    return path, sample(q[(path[-1] if path else -1) + 1], generator)

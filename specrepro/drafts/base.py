@@ -112,6 +112,41 @@ class ModelDraft(Draft):
         self.tokens = torch.cat([seq, tokens[:-1]])
         return tokens, torch.stack(probs)
 
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+        """A token tree after seq (specrepro.tree.grow): one batched draft pass per level, each fed node
+        attending to the context and its ancestors. The cache is rolled back to seq afterwards.
+        confidence_threshold is not used: the tree's shape is set by its TreeSpec."""
+        from ..tree import attention_mask, grow
+
+        seq = seq.to(self.runner.device)
+        n = seq.shape[0]
+        keep = min(common_prefix_length(self.tokens.to(seq.device), seq), n - 1)
+        self.runner.rollback(keep)
+        feed = seq[keep:]
+        if feed.shape[0] > 2 and hasattr(self.runner, "prefill"):
+            self.runner.prefill(feed[:-1])
+            feed = feed[-1:]
+        root_logits = self.runner.forward(feed)[-1]
+        self.calls += 1
+        fed: list[int] = []  # tree nodes in the draft cache after the context, in cache order
+
+        def next_logits(tree, nodes):
+            ids = torch.tensor([tree.tokens[i] for i in nodes], dtype=torch.long, device=seq.device)
+            if len(nodes) == 1 and tree.path(nodes[0])[:-1] == fed:  # still a chain: the plain causal path (the same numbers as the chain draft's)
+                logits = self.runner.forward(ids)
+            else:
+                positions = torch.tensor([n - 1 + tree.depths[i] for i in nodes], device=seq.device)
+                mask = attention_mask(tree, n, nodes, fed)
+                logits = self.runner.forward_tree(ids, positions, mask.to(seq.device))
+            fed.extend(nodes)
+            self.calls += 1
+            return logits
+
+        tree = grow(spec, sampling, generator, root_logits, next_logits)
+        self.runner.rollback(n)
+        self.tokens = seq
+        return tree
+
 
 def as_draft(draft) -> Draft:
     """A Draft as is; a causal LM (anything with get_output_embeddings) or a runner wrapped in ModelDraft."""

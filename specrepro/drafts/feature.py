@@ -62,10 +62,10 @@ class FeatureNet(nn.Module, FrozenTargetParts):
         self.register_buffer("keep", keep if keep is not None else torch.empty(0, dtype=torch.long))
         self.attach(target)
 
-    def step(self, h, next_ids, pos, cache=None) -> torch.Tensor:
-        """f_t from h_t [B, T, H] and token t+1 [B, T] at positions pos [T]."""
+    def step(self, h, next_ids, pos, cache=None, mask=None) -> torch.Tensor:
+        """f_t from h_t [B, T, H] and token t+1 [B, T] at positions pos [T] (mask: a token tree's)."""
         x = self.fc(torch.cat([h, F.embedding(next_ids, self.emb)], -1))
-        return self.norm(self.layer(x, pos, cache))
+        return self.norm(self.layer(x, pos, cache, mask))
 
 
 def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
@@ -112,18 +112,7 @@ class FeatureDraft(Draft):
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
         seq = seq.cpu()
-        n = seq.shape[0]
-        real = n - 1  # positions 0..n-2 have target features
-        # cached position t used h_t and token t+1: valid while seq[:t+2] is unchanged
-        valid = max(min(common_prefix_length(self.tokens, seq) - 1, real - 1), 0)
-        self.cache.truncate(valid)
-        dtype = self.net.fc.weight.dtype  # the net computes in its own dtype (the target's, from load())
-        if real > 0:
-            h = target_hidden[valid:real].to(dtype).cpu().view(1, -1, self.hidden_size)
-            f = self.net.step(h, seq[valid + 1 : n].view(1, -1), torch.arange(valid, real), self.cache)[:, -1:]
-        else:  # a one-token prompt: no target feature yet, start from zeros
-            f = self.net.step(torch.zeros(1, 1, self.hidden_size, dtype=dtype), seq.view(1, 1), torch.arange(1),
-                              self.cache)
+        f, real = self._root_feature(seq, target_hidden)
         tokens, probs = [], []
         for i in range(k):
             logits = self.net.logits(f[0, -1]).float()
@@ -138,3 +127,51 @@ class FeatureDraft(Draft):
         self.cache.truncate(real)  # forget draft positions: they used the draft's own features
         self.tokens = seq
         return torch.stack(tokens), torch.stack(probs)
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+        """A token tree (specrepro.tree.grow): each level's nodes roll forward from their parent's feature
+        in one batched step, attending to the real positions and their ancestors."""
+        from ..tree import attention_mask, grow
+
+        seq = seq.cpu()
+        f, real = self._root_feature(seq, target_hidden)
+        context = self.cache.length
+        features = {-1: f[0, -1]}
+        fed: list[int] = []
+
+        def logits_of(fs):
+            return expand_logits(self.net.logits(fs).float(), self.net.keep_ids, self.vocab_size)
+
+        def next_logits(tree, nodes):
+            h = torch.stack([features[tree.parents[i]] for i in nodes]).unsqueeze(0)
+            ids = torch.tensor([[tree.tokens[i] for i in nodes]])
+            pos = torch.tensor([max(real, 1) + tree.depths[i] - 1 for i in nodes])
+            out = self.net.step(h, ids, pos, self.cache, attention_mask(tree, context, nodes, fed))[0]
+            features.update(zip(nodes, out))
+            fed.extend(nodes)
+            self.calls += 1
+            return logits_of(out)
+
+        self.calls += 1
+        tree = grow(spec, sampling, generator, logits_of(f[0, -1]), next_logits)
+        self.cache.truncate(real)
+        self.tokens = seq
+        return tree
+
+    def _root_feature(self, seq, target_hidden):
+        """Feed the target features not yet cached; returns (f [1, T, H] whose last row predicts the token
+        after seq, real = positions with target features)."""
+        n = seq.shape[0]
+        real = n - 1  # positions 0..n-2 have target features
+        # cached position t used h_t and token t+1: valid while seq[:t+2] is unchanged
+        valid = max(min(common_prefix_length(self.tokens, seq) - 1, real - 1), 0)
+        self.cache.truncate(valid)
+        dtype = self.net.fc.weight.dtype  # the net computes in its own dtype (the target's, from load())
+        if real > 0:
+            h = target_hidden[valid:real].to(dtype).cpu().view(1, -1, self.hidden_size)
+            f = self.net.step(h, seq[valid + 1 : n].view(1, -1), torch.arange(valid, real), self.cache)[:, -1:]
+        else:  # a one-token prompt: no target feature yet, start from zeros
+            f = self.net.step(torch.zeros(1, 1, self.hidden_size, dtype=dtype), seq.view(1, 1), torch.arange(1),
+                              self.cache)
+        return f, real

@@ -94,3 +94,22 @@ class HeadsDraft(Draft):
             probs.append(p)
         self.calls += 1
         return torch.stack(tokens), torch.stack(probs)
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+        """Medusa-style tree: a node at depth d gets its children from head d + 1 (the last head beyond K),
+        whatever its own token; all heads come from one pass."""
+        from ..tree import grow
+
+        seq = seq.cpu()
+        dtype = self.net.inp[0].weight.dtype
+        if target_hidden is not None and target_hidden.shape[0] > 0:
+            h = target_hidden[-1].to(dtype).cpu()
+        else:
+            h = torch.zeros(self.hidden_size, dtype=dtype)
+        logits = self.net.logits(self.net.features(h, seq[-1])).float()
+        logits = expand_logits(logits, self.net.keep_ids, self.vocab_size)
+        self.calls += 1
+        last = len(logits) - 1
+        return grow(spec, sampling, generator, logits[0],
+                    lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]])

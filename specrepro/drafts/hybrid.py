@@ -48,3 +48,19 @@ class HybridDraft(Draft):
         out = self.fallback.propose(seq, min(k, self.fallback_k or k), sampling, generator, target_hidden)
         self.calls += self.fallback.calls - before
         return out
+
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+        """The lookup's tree where the context has a match, else the fallback's (its chain if it cannot branch,
+        which specrepro.tree allows only at width 1)."""
+        from ..tree import check_can_branch, propose
+
+        tree = self.lookup.propose_tree(seq, spec, sampling, generator)
+        if len(tree):
+            self.lookup_loops += 1
+            return tree
+        check_can_branch(self.fallback, spec)
+        self.fallback_loops += 1
+        before = self.fallback.calls
+        out = propose(self.fallback, seq, spec, sampling, generator, target_hidden)
+        self.calls += self.fallback.calls - before
+        return out

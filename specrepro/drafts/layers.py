@@ -63,8 +63,10 @@ class DecoderLayer(nn.Module):
         self.up = nn.Linear(d, ffn, bias=False)
         self.down = nn.Linear(ffn, d, bias=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """x: [B, T, d] at positions pos [T]; with a cache, the new positions follow the cached ones."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, d] at positions pos [T]; with a cache, the new positions follow the cached ones.
+        mask: [T, cached + T] bool, which keys each query sees (a token tree); default causal."""
         b, t, _ = x.shape
         h = self.norm1(x)
         q = rope(self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2), pos, self.theta)
@@ -76,7 +78,9 @@ class DecoderLayer(nn.Module):
             k, v = cache.append(k, v)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        if past == 0:
+        if mask is not None:
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif past == 0:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
         else:
             # query i sits at position past + i and may see keys 0 .. past + i

@@ -34,6 +34,43 @@ class LookupDraft(Draft):
         p = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
         return tokens, p
 
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+        """One branch per distinct continuation of the earlier matches of the longest matching n-gram
+        (most recent match first), merged into a trie: at most spec.width children per node, spec.nodes in
+        all. The tree is a function of the context alone, so its one-hot rows are what each token was
+        "drawn" from (specrepro.tree's rule for deterministic proposers)."""
+        from ..tree import Tree, one_hot_rows
+
+        tree = Tree(self.vocab_size)
+        budget = spec.nodes
+        kids: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child}
+        for cont in self.continuations(seq, spec.depth):
+            if len(tree) >= budget:
+                break
+            node = -1
+            for token in cont.tolist():
+                child = kids[node].get(token)
+                if child is None:
+                    if len(kids[node]) >= spec.width or len(tree) >= budget:
+                        break
+                    child = tree.add(node, token, None, 1.0)  # rows below, in one allocation
+                    kids[node][token] = child
+                    kids[child] = {}
+                node = child
+        if len(tree):
+            tree.rows = list(one_hot_rows(tree.tokens, self.vocab_size))
+        return tree
+
+    def continuations(self, seq: torch.Tensor, k: int) -> list[torch.Tensor]:
+        """What followed each earlier match of the longest matching n-gram, most recent first (<= k each)."""
+        n_seq = seq.shape[0]
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            windows = seq.unfold(0, n, 1)[:-1]
+            hits = (windows == seq[-n:]).all(-1).nonzero().flatten().tolist()
+            if hits:
+                return [seq[h + n : h + n + k] for h in reversed(hits)]
+        return []
+
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         n_seq = seq.shape[0]
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):

@@ -2,6 +2,7 @@
 
 python -m specrepro.drafts.measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
     [--temps 0 1] [--new-tokens 24] [--dtype bfloat16] [--threads 2] [--out figures/drafts/measure]
+    [--tree 3x4 ...]   (also tau of token trees against the chains, timing-free: specrepro.tree_tau)
 
 Held-out prompts: news eval articles (chat template, summarisation request) and HumanEval prompts. Each
 (draft, temperature) is one lookahead sweep with ArS as its baseline, timed in this run; items are kept in
@@ -17,7 +18,9 @@ import torch
 from .trainer import FREE_KINDS, KINDS
 from .. import experiments as ex
 from ..bench import parse_ks
+from .. import tree_tau
 from ..lean import set_threads
+from ..tree import parse_tree
 
 COLUMNS = ["draft", "task", "temperature", "K", "a", "acceptance_rate", "tau", "c", "v", "speedup",
            "predicted_speedup", "ms_per_token"]
@@ -39,9 +42,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", default="runs/measure/drafts.jsonl", help="per-item records, for resuming")
     parser.add_argument("--out", default="figures/drafts/measure", help="writes <out>.csv and <out>.json")
+    parser.add_argument("--tree", nargs="*", default=[], metavar="WIDTHxDEPTH",
+                        help="also: tokens per target call of these token trees against the chains "
+                             "(specrepro.tree_tau, written to <out>-tree.csv)")
     args = parser.parse_args(argv)
     try:
         ks = parse_ks(args.ks)
+        trees = [parse_tree(t) for t in args.tree]
     except ValueError as err:
         parser.error(str(err))
     for name in ("news", "code"):
@@ -63,6 +70,13 @@ def main(argv=None) -> list[dict]:
     out = Path(args.out)
     ex.write_outputs(out.parent, out.name, rows, meta)
     print(ex.markdown_table(rows, COLUMNS, digits=3))
+    if trees:
+        drafts = {d: ex.make_draft(d, target, dtype=target.dtype) for d in args.drafts}
+        records = tree_tau.run(runner, drafts, prompts, ks, trees, args.temps, args.new_tokens,
+                               Path(args.results).with_name("tree_tau.jsonl"), args.seed, ex.eos_ids(tokenizer))
+        tree_rows = tree_tau.summarise(records)
+        ex.write_outputs(out.parent, f"{out.name}-tree", tree_rows, meta)
+        print(ex.markdown_table(tree_rows, tree_tau.COLUMNS, digits=3))
     return rows
 
 
