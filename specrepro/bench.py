@@ -28,6 +28,7 @@ from .profiling import profile_sps
 from .runners import HFRunner
 from .machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
 from .speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
+from .tree import parse_tree
 from .tuning import tune
 from .workloads import builtin_prompts, load_draft, task_prompts
 
@@ -40,7 +41,7 @@ class Config:
     runner: str  # ours: "hf", "lean" or "compiled" (lean under torch.compile); "hf" for HF generate
     k: int  # lookahead; 0 for ArS
     mode: str  # "greedy" or "sample"
-    schedule: str = ""  # HF assisted: "constant" or "heuristic"
+    schedule: str = ""  # HF assisted: "constant" or "heuristic"; ours: "adaptive", or "tree<spec>" (k = depth)
 
     @property
     def name(self) -> str:
@@ -48,13 +49,15 @@ class Config:
 
 
 def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True,
-                 adaptive: bool = False, hf_schedules=("constant", "heuristic")) -> list[Config]:
-    """Every configuration of one run. adaptive: also our SpS with the confidence stop at K = max(ks)."""
+                 adaptive: bool = False, hf_schedules=("constant", "heuristic"), trees=()) -> list[Config]:
+    """Every configuration of one run. adaptive: also our SpS with the confidence stop at K = max(ks);
+    trees: also our SpS verifying each of these TreeSpecs per target call."""
     out = []
     for mode in modes:
         out += [Config("ours_ars", r, 0, mode) for r in runners]
         if sps:
             out += [Config("ours_sps", r, k, mode) for r in runners for k in ks]
+            out += [Config("ours_sps", r, t.depth, mode, f"tree{t}") for r in runners for t in trees]
             if adaptive:
                 out += [Config("ours_sps", r, max(ks), mode, "adaptive") for r in runners]
         if hf:
@@ -145,9 +148,10 @@ def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: 
         drafts = setup.adaptive if cfg.schedule == "adaptive" else setup.drafts
         if cfg.runner not in drafts:
             raise ValueError(f"{cfg.name}: the adaptive lookahead needs a model draft (a confidence to stop on)")
+        tree = parse_tree(cfg.schedule.removeprefix("tree")) if cfg.schedule.startswith("tree") else None
         gen = speculative_generate(
             target, drafts[cfg.runner], prompt, max_new_tokens, cfg.k, temperature=temperature,
-            generator=generator,
+            generator=generator, tree=tree,
         )
     else:
         return _run_hf(cfg, setup, prompt, max_new_tokens, seed)
@@ -197,10 +201,11 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
     return dict(tokens=int(new.shape[0]), seconds=seconds, decode_seconds=None, accepted=0, proposed=0, target_calls=0, ids=new.tolist())
 
 
-def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
-    """specrepro.costs for every runner of the setup with its draft, interleaved: {runner: costs}."""
+def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5, trees=()) -> dict:
+    """specrepro.costs for every runner of the setup with its draft, interleaved: {runner: costs}; with
+    trees, also the pass over each tree's nodes + 1 (its v is keyed by the node count)."""
     pairs = {r: (runner, setup.drafts.get(r)) for r, runner in setup.targets.items()}
-    return measure_cost_table(pairs, prefix, ks, reps)
+    return measure_cost_table(pairs, prefix, ks, reps, extra_sizes=[t.nodes + 1 for t in trees])
 
 
 def bench(
@@ -220,6 +225,7 @@ def bench(
     adaptive: bool = False,
     adaptive_threshold: float = 0.4,
     setup: Setup | None = None,
+    trees=(),
 ) -> dict:
     """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}.
 
@@ -230,7 +236,7 @@ def bench(
     if configs is None:
         schedules = ("lookup",) if setup.draft_is_lookup else ("constant", "heuristic")
         configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None,
-                               adaptive=adaptive and bool(setup.adaptive), hf_schedules=schedules)
+                               adaptive=adaptive and bool(setup.adaptive), hf_schedules=schedules, trees=trees)
         if not setup.hf_twin:  # HF assisted generation needs a model (or prompt lookup) as the assistant
             configs = [c for c in configs if c.impl != "hf_assisted"]
     rows = []
@@ -250,7 +256,7 @@ def bench(
                 rows.append(rec)
                 if progress:
                     print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
-    costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps))
+    costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps), trees=trees)
     machine = memory_floor_probe(setup, costs)
     summary = summarise(rows, costs)
     return {"rows": rows, "summary": summary, "costs": costs, "headline": headline(rows, summary), "machine": machine}
@@ -334,6 +340,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable CPUs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also profile one SpS run per runner")
+    ap.add_argument("--trees", default="", help="also our SpS with token trees, e.g. 3x4,4x8/32 (WIDTHxDEPTH[/NODES])")
     ap.add_argument("--adaptive", type=float, default=None, metavar="THRESHOLD",
                     help="also run our SpS at K = max(--ks) stopping the draft below this confidence (model drafts)")
     ap.add_argument("--out", default="figures/bench")
@@ -353,6 +360,7 @@ def main(argv=None) -> dict:
     try:
         for r in runners:
             parse_runner(r, dtype)
+        trees = [parse_tree(t) for t in args.trees.split(",") if t.strip()]
     except ValueError as err:
         ap.error(str(err))
     threads = set_threads(args.threads)
@@ -369,7 +377,7 @@ def main(argv=None) -> dict:
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
-        setup=setup,
+        setup=setup, trees=trees,
     )
     meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
     write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers

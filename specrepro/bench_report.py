@@ -48,7 +48,13 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
             ),
         )
         proposed = sum(r["proposed"] for r in rs)
-        if first["impl"] == "ours_sps" and proposed:
+        tree = first["schedule"].startswith("tree")
+        if first["impl"] == "ours_sps" and proposed and tree:  # loops propose trees: no chain model applies
+            nodes = round(proposed / sum(len(r["loop_proposed"]) for r in rs))
+            row.update(tau=sum(r["tokens"] for r in rs) / sum(r["target_calls"] for r in rs),
+                       mean_proposed=proposed / sum(len(r["loop_proposed"]) for r in rs),
+                       v=costs.get(runner, {}).get("v", {}).get(nodes))
+        elif first["impl"] == "ours_sps" and proposed:
             loop_acc = sum((r["loop_accepted"] for r in rs), [])
             loop_prop = sum((r["loop_proposed"] for r in rs), [])
             tokens = sum(r["tokens"] for r in rs)
@@ -96,6 +102,13 @@ def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
         sps = pick([r for r in mine if r["impl"] == "ours_sps" and r["schedule"] != "adaptive"])
         gen = pick([r for r in mine if r["impl"] == "hf_generate"])
         line = {"mode": mode, "ours_ars": ars and ars["name"], "ours_sps": sps and sps["name"]}
+        chains = [r for r in mine if r["impl"] == "ours_sps" and not r["schedule"]]
+        trees = [r for r in mine if r["impl"] == "ours_sps" and r["schedule"].startswith("tree")]
+        if chains and trees:  # the best tree against the best chain, and its tau against the chain's best tau
+            best_chain, best_tree = pick(chains), pick(trees)
+            line.update(best_chain=best_chain["name"], best_tree=best_tree["name"],
+                        tree_vs_chain=paired_speedup(rows, best_tree["name"], best_chain["name"]),
+                        tree_tau_over_chain_tau=max(r["tau"] for r in trees) / max(r["tau"] for r in chains))
         if ars and gen:
             line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])
         if sps and ars:  # what a user would pick: the fastest SpS against the fastest ArS, any runner each

@@ -43,16 +43,17 @@ def _vocab(runner) -> int:
 
 
 @torch.inference_mode()
-def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0) -> dict:
+def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0, extra_sizes=()) -> dict:
     """{name: costs} for several (target, draft or None) pairs measured interleaved, e.g. one per runner.
 
     costs: {"target_ms": {n: median ms of a pass over n tokens}, "v": {K: target_ms[K+1] / target_ms[1]},
-    and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}.
+    and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}. extra_sizes: more pass sizes to time
+    (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1.
     """
     from .drafts.base import as_draft
 
     ks = [int(k) for k in ks if int(k) > 0] or [1]
-    sizes = list(range(1, max(ks) + 2))
+    sizes = sorted(set(range(1, max(ks) + 2)) | {int(n) for n in extra_sizes if int(n) >= 1})
     prefix = prefix.view(-1)
     if prefix.shape[0] < 2:
         raise ValueError("measure_costs needs a prefix of at least 2 tokens")
@@ -93,7 +94,7 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     out = {}
     for name, s in state.items():
         target_ms = {n: 1e3 * statistics.median(v) for n, v in s["times"].items()}
-        entry = {"target_ms": target_ms, "v": {k: target_ms[k + 1] / target_ms[1] for k in range(1, max(ks) + 1)}}
+        entry = {"target_ms": target_ms, "v": {n - 1: ms / target_ms[1] for n, ms in target_ms.items() if n > 1}}
         if s["draft"]:
             entry["draft_ms"] = 1e3 * statistics.median(s["draft"])
             entry["c"] = entry["draft_ms"] / target_ms[1]
