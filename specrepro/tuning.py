@@ -79,6 +79,7 @@ def tune(
     reps: int = 2,
     cache: bool = True,
     temperature: float = 1.0,
+    trees=(),
 ) -> Setting:
     """Measure the candidate settings on this machine (or reuse the cached measurement) and pick one.
 
@@ -86,6 +87,9 @@ def tune(
     acceptance: an estimate of the draft's per-token acceptance a in [0, 1); prompt: token ids to measure
     a on (a short SpS run at `temperature`) when no estimate is given. threads: thread counts to try
     (default: 1 and all usable cores). compile: also try torch.compile'd runners (slow to build).
+    trees: TreeSpecs to weigh against the chain: with a draft that can branch and a `prompt`, each tree's
+    tokens per target call and the chain's at the chosen K are measured on the prompt with the chosen
+    runner, and the tree wins if its (depth * draft step + pass over its nodes) / tau is smaller.
     """
     dtypes = [_check_dtype(d) for d in dtypes]
     threads = _check_threads(threads)
@@ -97,14 +101,16 @@ def tune(
         if b not in BACKENDS:
             raise ValueError(f"unknown linear backend {b!r}; choose from {', '.join(BACKENDS)}")
     candidates = candidate_settings(target, dtypes, backends, threads, compile)
+    trees = _check_trees(trees, draft, prompt)
+    extra = sorted({t.nodes + 1 for t in trees})
     machine = cpu_info()
-    key = cache_key(machine, target, draft, candidates, max_lookahead)
+    key = cache_key(machine, target, draft, candidates, max_lookahead, extra)
     path = specrepro_home() / "tune" / f"{key}.json"
     measured = _read_cache(path) if cache else None
     cached = measured is not None
     if measured is None:
         start = time.perf_counter()
-        measured = measure_candidates(target, draft, candidates, max_lookahead, reps)
+        measured = measure_candidates(target, draft, candidates, max_lookahead, reps, extra_sizes=extra)
         measured["seconds"] = time.perf_counter() - start
         if cache:
             write_json(path, {"key": key, "version": TUNE_VERSION, "machine": machine, **measured})
@@ -117,13 +123,54 @@ def tune(
     choice = choose(measured["costs"], draft is not None, acceptance, max_lookahead)
     cand = Candidate(**choice["candidate"])
     torch.set_num_threads(cand.threads)
+    tree = None
+    if trees:
+        choice["trees"] = compare_trees(target, draft, prompt, cand, measured["costs"][choice["name"]],
+                                        choice["lookahead"], trees, temperature)
+        best = min(choice["trees"], key=lambda r: r["ms_per_token"])
+        tree = next((t for t in trees if str(t) == best["tree"]), None)
+        if tree is not None:
+            choice["why"] += (f"; tree {tree} beats the chain: {best['ms_per_token']:.1f} ms/token expected from its "
+                              f"measured tau {best['tau']:.2f} on the prompt")
     report = {
         "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": str(path),
         "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
         "acceptance_source": a_source, **choice, "costs": measured["costs"], "skipped": measured.get("skipped", {}),
     }
-    return Setting(target=build_runner(target, cand), lookahead=choice["lookahead"], candidate=cand,
+    return Setting(target=build_runner(target, cand), lookahead=choice["lookahead"], candidate=cand, tree=tree,
                    report=report)
+
+
+def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead: int, trees, temperature: float,
+                  max_new_tokens: int = 48) -> list[dict]:
+    """The chain at `lookahead` and each tree on the prompt with the candidate's runner: tau measured, time
+    per token expected from the measured pass costs: (levels * draft step + pass over the nodes) / tau."""
+    from .speculative import speculative_generate
+
+    costs = from_json(costs)
+    runner = build_runner(target, cand)
+    draft_ms = costs.get("draft_ms", 0.0)
+    out = []
+    for tree in [None, *trees]:
+        gen = speculative_generate(runner, draft, prompt, max_new_tokens=max_new_tokens, lookahead=lookahead,
+                                   temperature=temperature, generator=torch.Generator().manual_seed(0), tree=tree)
+        levels, size = (lookahead, lookahead) if tree is None else (tree.depth, tree.nodes)
+        ms = (levels * draft_ms + costs["target_ms"][size + 1]) / gen.tau
+        out.append({"tree": None if tree is None else str(tree), "tau": gen.tau, "ms_per_token": ms,
+                    "nodes": size, "levels": levels})
+    return out
+
+
+def _check_trees(trees, draft, prompt) -> list:
+    from .tree import TreeSpec
+
+    trees = list(trees or ())
+    for t in trees:
+        if not isinstance(t, TreeSpec):
+            raise TypeError(f"trees must hold sr.TreeSpec objects, got {type(t).__name__}")
+    if trees and (draft is None or prompt is None):
+        raise ValueError("tune(trees=...) needs a draft and a prompt: a tree's tau is measured on the prompt")
+    return trees
 
 
 def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list[Candidate]:
@@ -153,7 +200,7 @@ def build_runner(target, cand: Candidate):
 
 
 def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead: int, reps: int,
-                       keep: int = 2) -> dict:
+                       keep: int = 2, extra_sizes=()) -> dict:
     """{"costs": {candidate name: costs + the candidate}, "skipped": {name: why}}; threads restored after.
 
     Every (dtype, backend) is measured at the largest thread count; at the other thread counts only the
@@ -176,7 +223,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
                         skipped[c.name] = f"not measured: slower than the {keep} best settings at {counts[0]} threads"
                 todo = [c for c in todo if (c.dtype, c.backend, c.compile) in best]
             for cand in todo:
-                entry = _measure_one(target, draft, cand, prefix, max_lookahead, reps)
+                entry = _measure_one(target, draft, cand, prefix, max_lookahead, reps, extra_sizes)
                 if isinstance(entry, str):
                     skipped[cand.name] = entry
                 else:
@@ -188,7 +235,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     return {"costs": costs, "skipped": skipped}
 
 
-def _measure_one(target, draft, cand: Candidate, prefix, max_lookahead: int, reps: int) -> dict | str:
+def _measure_one(target, draft, cand: Candidate, prefix, max_lookahead: int, reps: int, extra_sizes=()) -> dict | str:
     """The candidate's costs, or why it could not run here."""
     from .drafts.base import as_draft
 
@@ -200,7 +247,8 @@ def _measure_one(target, draft, cand: Candidate, prefix, max_lookahead: int, rep
         warnings.simplefilter("ignore")  # a compile that falls back is measured as what it ran
         runner = build_runner(target, cand)
     proposer = as_draft(draft) if draft is not None else None
-    entry = measure_cost_table({cand.name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps)
+    entry = measure_cost_table({cand.name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps,
+                               extra_sizes=extra_sizes)
     return {"candidate": dataclasses.asdict(cand), **entry[cand.name]}
 
 
@@ -263,12 +311,13 @@ def estimate_acceptance(target, draft, prompt, cand: dict, lookahead: int, tempe
     return min(acceptance_mle(gen.accepted, gen.proposed), 0.99)
 
 
-def cache_key(machine: dict, target, draft, candidates, max_lookahead: int) -> str:
+def cache_key(machine: dict, target, draft, candidates, max_lookahead: int, extra_sizes=()) -> str:
     ident = {
         "version": TUNE_VERSION, "cpu": machine["model"], "flags": machine["flags"], "cores": machine["cores"],
         "arch": machine["arch"], "isa_limits": machine.get("isa_limits", {}), "torch": torch.__version__, "target": model_identity(target),
         "draft": None if draft is None else model_identity(draft), "device": str(_device(target)),
         "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
+        "extra_sizes": list(extra_sizes),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 

@@ -151,3 +151,29 @@ def test_unavailable_backend_is_skipped_with_its_reason(home, monkeypatch):
 def test_bad_tune_settings_are_clear_errors(home, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sr.tune(llama(0), **kwargs)
+
+
+def test_tune_weighs_trees_against_the_chain_on_the_prompt(home):
+    from specrepro.tree import TreeSpec
+
+    model, draft = llama(0), llama(3, layers=1)
+    prompt = torch.tensor([0, 4, 9, 4, 9, 4])
+    trees = [TreeSpec(2, 2), TreeSpec(3, 3, max_nodes=6)]
+    setting = small_tune(model, draft=draft, acceptance=0.6, prompt=prompt, trees=trees, dtypes=["float32"],
+                         backends=["eager"])
+    compared = setting.report["trees"]
+    assert [r["tree"] for r in compared] == [None, "2x2", "3x3/6"]
+    costs = setting.report["costs"]["float32/eager/1t"]
+    assert {t.nodes + 1 for t in trees} <= set(costs["target_ms"])  # the passes over each tree were timed
+    best = min(compared, key=lambda r: r["ms_per_token"])
+    assert (setting.tree is None) == (best["tree"] is None)
+    assert setting.tree is None or str(setting.tree) == best["tree"]
+    for r in compared:
+        assert r["ms_per_token"] == pytest.approx(
+            (r["levels"] * costs["draft_ms"] + costs["target_ms"][r["nodes"] + 1]) / r["tau"])
+    # the chosen tree generates (greedy: the target's own tokens)
+    kw = dict(max_new_tokens=8, temperature=0.0)
+    assert torch.equal(sr.speculative_generate(setting.target, draft, prompt, tree=setting.tree, **kw).tokens,
+                       sr.autoregressive_generate(model, prompt, **kw).tokens)
+    with pytest.raises(ValueError, match="needs a draft and a prompt"):
+        small_tune(model, draft=draft, trees=trees)
