@@ -103,6 +103,6 @@ def test_force_recomputes_items(tmp_path):
     assert "stale/item" in ResultsFile(results, shard=False)
     reproduce.run("smoke", ["01_losslessness"], force=True, overrides=overrides, output_root=tmp_path)
     fresh = ResultsFile(results, shard=False)
-    assert "stale/item" not in fresh and len(fresh) == 2 * 7  # 2 chunks x 7 settings, all recomputed
+    assert "stale/item" not in fresh and len(fresh) == 2 * 4  # 2 chunks x the 4 smoke settings, all recomputed
     done = json.loads((tmp_path / "01_losslessness.done.json").read_text())
     assert done["params"]["n_samples"] == 100
