@@ -238,6 +238,9 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # every visible GPU with its memory: a split target's numbers depend on all of them
+        "cuda_devices": [f"{torch.cuda.get_device_name(i)} ({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+                         for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
     }
 
 

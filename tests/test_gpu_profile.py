@@ -3,6 +3,9 @@ difference from gpu.yaml) through the real runner, with hub model ids served fro
 tiny random Llamas and `datasets` loading XSum- and HumanEval-shaped local files."""
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ import yaml
 from specrepro import reproduce
 from specrepro.results import read_csv
 
-pytestmark = pytest.mark.notebooks
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]  # minutes: every notebook, gpu settings
 
 TARGET_ID = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
 DRAFT_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -54,7 +57,6 @@ def write_datasets(root):
 
 @pytest.fixture(scope="module")
 def gpu_test_outputs(tmp_path_factory):
-    import specrepro as sr
     from transformers import AutoTokenizer
 
     from specrepro.models import offline_target_dir
@@ -67,11 +69,14 @@ def gpu_test_outputs(tmp_path_factory):
     write_datasets(root / "datasets")
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(root / "datasets-cache"),
            "SPECREPRO_DATASETS_DIR": str(root / "datasets")}
+    # huggingface_hub reads these when it is imported: a fresh process (like the notebooks' kernels) sees them
+    check = ("import torch, specrepro as sr; m, _ = sr.load_model(%r, dtype=torch.bfloat16); "
+             "print(m.config.num_hidden_layers, m.dtype)" % TARGET_ID)
+    out = subprocess.run([sys.executable, "-c", check], env={**os.environ, **env}, capture_output=True, text=True)
+    assert out.stdout.split() == ["5", "torch.bfloat16"], out.stderr[-2000:]  # the hub id is the cached tiny model
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        model, _ = sr.load_model(TARGET_ID, dtype=torch.bfloat16)  # the hub id resolves to the cached tiny model
-        assert model.config.num_hidden_layers == 5 and model.dtype == torch.bfloat16
         reproduce.run("gpu-test", output_root=root / "out")
     return root / "out"
 

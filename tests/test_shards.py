@@ -57,6 +57,7 @@ def _rows(folder, name, drop=TIMED):
 
 
 @pytest.mark.notebooks
+@pytest.mark.slow
 def test_two_shards_merged_equal_one_run(tmp_path):
     jobs = [(["01_losslessness"], {"n_samples": 300, "chunk": 50}),
             (["03_table1"], {"n_news": 3, "n_code": 1, "news_max_new_tokens": 6, "code_max_new_tokens": 6})]
@@ -93,6 +94,7 @@ def test_two_shards_merged_equal_one_run(tmp_path):
 
 
 @pytest.mark.notebooks
+@pytest.mark.slow
 def test_force_recomputes_items(tmp_path):
     overrides = {"n_samples": 100, "chunk": 50}
     reproduce.run("smoke", ["01_losslessness"], overrides=overrides, output_root=tmp_path)
