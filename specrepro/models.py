@@ -158,6 +158,8 @@ def _load_pretrained(path, dtype: torch.dtype, where: str, dispatch: dict | None
         if tmp is not None:
             weakref.finalize(model, shutil.rmtree, tmp, ignore_errors=True)
     except SafetensorError as err:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"could not load {where}: its weights file is damaged (truncated or garbled: "
                              f"{err}); delete {path} and save or download it again") from err
     except (OSError, ValueError) as err:

@@ -30,7 +30,8 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._run(ids, head=True)[0].float()
+        # a model split over GPUs computes its head on the last one: logits come back beside the inputs
+        return self._run(ids, head=True)[0].float().to(self.device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
