@@ -24,7 +24,7 @@ seed = 0  # base seed (each generation's seed derives from it and the prompt)
 threads = 1  # torch threads
 target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
 draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
-dtype = "float32"  # float32 | bfloat16
+dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
 lookaheads = [0, 1, 2, 4]  # the paper sweeps 0..7
 n_news = 1  # news prompts
@@ -51,15 +51,17 @@ os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
                      device=device, lookaheads=lookaheads, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
-q_model, tokenizer = sr.load_model(target, dtype=getattr(torch, dtype), device=device)
-p_model = ex.make_draft(draft, q_model, dtype=getattr(torch, dtype), device=device)
+q_model, tokenizer = ex.load_target(target, dtype, device)
+p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
+# the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
+runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)
 prompts = {"news": ex.news_items(tokenizer, n_news, news_source), "code": ex.code_items(tokenizer, n_code, code_source)}
 meta["prompt_sources"] = {t: items[0]["source"] for t, items in prompts.items()}
 
 # %%
-out = ex.run_lookahead_sweep(q_model, p_model, prompts, lookaheads, max_new_tokens,
+out = ex.run_lookahead_sweep(runner, p_model, prompts, lookaheads, max_new_tokens,
                              {"temperature": temperature, "top_p": top_p},
-                             Path(results_dir) / f"lookahead_sweep-{ex._slug(draft)}.jsonl", seed=seed,
+                             Path(results_dir) / f"lookahead_sweep-{ex.slug(draft)}.jsonl", seed=seed,
                              eos=ex.eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats)
 meta["costs"] = out["costs"]
 ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)

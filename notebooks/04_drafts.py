@@ -23,7 +23,7 @@ results_dir = "runs/smoke/results"  # per-item JSON lines, for resuming
 seed = 0  # base seed
 threads = 1  # torch threads
 target = "smollm2-135m-instruct"
-dtype = "float32"  # float32 | bfloat16 (the target and every draft compute in it)
+dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
 drafts = ["truncated:2", "lookup"]  # "truncated:N", "model:<id>", or kinds of specrepro.drafts.load
 lookaheads = [1, 2, 4]  # K values (0 is added as the baseline)
@@ -47,11 +47,14 @@ os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
                      lookaheads=lookaheads, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
                      temperatures=temperatures, top_p=top_p)
-q_model, tokenizer = sr.load_model(target, dtype=getattr(torch, dtype), device=device)
+q_model, tokenizer = ex.load_target(target, dtype, device)
+# one runner for every draft (so all rows share one ArS baseline): the setting sr.tune measures fastest here
+# for a loop with a free draft (prompt lookup)
+runner, meta["tune"] = ex.tuned_target(q_model, ex.make_draft("lookup", q_model), dtype, threads)
 prompts = {"news": ex.news_items(tokenizer, n_news), "code": ex.code_items(tokenizer, n_code)}
 rows = ex.measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
                          Path(results_dir) / "drafts.jsonl", seed=seed, eos=ex.eos_ids(tokenizer), top_p=top_p,
-                         dtype=getattr(torch, dtype))
+                         dtype=q_model.dtype, runner=runner)
 ex.write_outputs(out_dir, "drafts", rows, meta)
 Image(plots.plot_drafts(out_dir)[0])
 

@@ -9,6 +9,7 @@ from .batch import speculative_generate_batch
 from .lean import LeanRunner
 from .runners import HFRunner
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
+from .tuning import Setting, tune
 
 __all__ = [
     "Generation",
@@ -16,6 +17,7 @@ __all__ = [
     "LeanRunner",
     "ModelLoadError",
     "SamplingConfig",
+    "Setting",
     "autoregressive_generate",
     "check_tokenizers",
     "drafts",
@@ -26,4 +28,5 @@ __all__ = [
     "specrepro_home",
     "speculative_generate",
     "speculative_generate_batch",
+    "tune",
 ]

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .lean import LeanRunner, rms_norm, rotate
+from .lean import LeanRunner, mlp, rms_norm, rotate
 from .sampling import SamplingConfig
 from .speculative import Generation
 
@@ -24,9 +24,9 @@ class BatchLeanRunner(LeanRunner):
     stale keys that the per-row mask never lets a query see (a query at position t sees keys 0..t).
     """
 
-    def __init__(self, model, batch: int, dtype=torch.float32, capacity: int = 512):
+    def __init__(self, model, batch: int, dtype=torch.float32, capacity: int = 512, backend: str = "eager"):
         self.batch = batch
-        super().__init__(model, dtype=dtype, capacity=capacity)
+        super().__init__(model, dtype=dtype, capacity=capacity, backend=backend)
 
     def reset(self) -> None:
         super().reset()
@@ -58,11 +58,12 @@ def _batch_block(ids, pos, end, embed, head, norm, layers, k_cache, v_cache, cos
     # [B, 1, n, end]: query at position pos[b, i] sees keys 0..pos[b, i] of its own row
     mask = (torch.arange(end, device=ids.device).view(1, 1, end) <= pos.unsqueeze(-1)).unsqueeze(1)
     x = F.embedding(ids, embed)  # [B, n, H]
-    for i, (ln1, wq, wk, wv, wo, ln2, wg, wu, wd) in enumerate(layers):
+    for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
         h = rms_norm(x, ln1)
-        q = F.linear(h, *wq).view(b, n, n_heads, head_dim).transpose(1, 2)
-        k = F.linear(h, *wk).view(b, n, n_kv, head_dim).transpose(1, 2)
-        v = F.linear(h, *wv).view(b, n, n_kv, head_dim).transpose(1, 2)
+        q, k, v = qkv(h)
+        q = q.reshape(b, n, n_heads, head_dim).transpose(1, 2)
+        k = k.reshape(b, n, n_kv, head_dim).transpose(1, 2)
+        v = v.reshape(b, n, n_kv, head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         # advanced indices around a slice: the indexed view is [B, n, kv_heads, head_dim]
         k_cache[i][rows, :, pos] = k.transpose(1, 2)
@@ -70,10 +71,9 @@ def _batch_block(ids, pos, end, embed, head, norm, layers, k_cache, v_cache, cos
         o = F.scaled_dot_product_attention(
             q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=n_heads != n_kv
         )
-        x = x + F.linear(o.transpose(1, 2).reshape(b, n, n_heads * head_dim), *wo)
-        h = rms_norm(x, ln2)
-        x = x + F.linear(F.silu(F.linear(h, *wg)) * F.linear(h, *wu), *wd)
-    return F.linear(rms_norm(x, norm), head)
+        x = x + wo(o.transpose(1, 2).reshape(b, n, n_heads * head_dim))[0]
+        x = x + mlp(rms_norm(x, ln2), gate_up, down)
+    return head(rms_norm(x, norm))[0]
 
 
 def batch_rejection_step(drafted, p, q, generator=None):

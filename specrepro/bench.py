@@ -3,8 +3,9 @@
 Every configuration runs on the same prompts, target, draft and seeds; the order of configurations is
 rotated at every repetition so that noise from other work on the machine hits all of them alike. Reported:
 median ms/token and tokens/s, the median over (prompt, repetition) pairs of the ratio to our ArS, the
-acceptance rate a, tau, the measured cost ratios c and v(K), and the Leviathan et al. prediction
-(1 - a^(K+1)) / ((1 - a)(K c + v(K))) beside the measured speedup.
+acceptance rate a, tau, the measured cost ratios c and v(K) (specrepro.costs, the measurement the notebooks
+and tune use), and the Leviathan et al. prediction (1 - a^(K+1)) / ((1 - a)(K c + v(K))) beside the
+measured speedup; the CPU model and flags and a memory-floor probe with every result.
 
     python -m specrepro.bench --draft truncated:4 --ks 1,2,3,4,5,6,7 --prompts news --n-prompts 2 \
         --max-new-tokens 32 --dtype float32 --device cpu --out figures/bench
@@ -12,85 +13,23 @@ acceptance rate a, tau, the measured cost ratios c and v(K), and the Leviathan e
 from __future__ import annotations
 
 import argparse
-import copy
-import csv
 import json
-import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
+from .bench_report import config_name, format_table, headline, summarise, write_results
+from .costs import measure_cost_table
 from .drafts.base import ModelDraft
+from .drafts.lookup import LookupDraft
 from .lean import LeanRunner, is_llama_like, set_threads
-from .runners import HFRunner, vocab_size
-from .sampling import SamplingConfig, sample
-from .drafts.lookup import LookupDraft, truncated_model
-from .speedup import acceptance_mle, loop_cost_bound, predicted_speedup  # noqa: F401
-from .speculative import MAX_LOOKAHEAD, autoregressive_generate, rejection_step, speculative_generate
-
-NEWS = [
-    "The Reserve Bank has left interest rates unchanged for the third month in a row, saying inflation is "
-    "easing but remains above its target band. The governor said the board would watch wage growth and "
-    "housing prices closely before deciding whether further tightening was needed. Economists had widely "
-    "expected the decision, although some had forecast a cut before the end of the year.",
-    "Firefighters have contained a bushfire that burned through more than 2,000 hectares of scrub west of "
-    "the city overnight. Residents of two small towns were told to evacuate on Tuesday evening as strong "
-    "winds pushed the fire towards homes. Authorities say no houses were lost, but several sheds and fences "
-    "were destroyed, and one firefighter was treated for smoke inhalation.",
-    "A new study has found that children who spend more time outdoors are less likely to become short-"
-    "sighted. Researchers followed more than 4,000 primary school students for three years and found that "
-    "an extra hour outside each day reduced the risk of myopia by about a third. The authors say schools "
-    "should consider moving some lessons outdoors.",
-]
-CODE = [
-    'def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n    """Merge two sorted lists into one '
-    'sorted list."""\n    result = []\n    i = j = 0\n',
-    "import os\n\n\ndef count_lines(path):\n    \"\"\"Return the number of lines in every .py file under path.\"\"\"\n"
-    "    counts = {}\n    for root, dirs, files in os.walk(path):\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-    "        self.items.append(item)\n\n    def pop(self):\n",
-]
-
-
-def builtin_prompts(kind: str, tokenizer=None, n: int | None = None, vocab: int | None = None) -> list[torch.Tensor]:
-    """Token ids of the built-in prompts: "news" (a summarisation request, chat-formatted) or "code".
-
-    Without a tokenizer (tiny test models) returns random ids over `vocab` instead.
-    """
-    texts = {"news": NEWS, "code": CODE}[kind][:n]
-    if tokenizer is None:
-        g = torch.Generator().manual_seed(0)
-        return [torch.randint(2, vocab, (8 + 4 * i,), generator=g) for i in range(len(texts))]
-    out = []
-    for text in texts:
-        if kind == "news" and getattr(tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": f"Summarise this article in one sentence.\n\n{text}"}]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        out.append(torch.tensor(tokenizer(text).input_ids, dtype=torch.long))
-    return out
-
-
-def truncated_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
-    """The stand-in draft: the target's first n_layers with its final norm and head (modules shared)."""
-    return truncated_model(target, n_layers)
-
-
-def task_prompts(kind: str, tokenizer, n: int) -> list[torch.Tensor]:
-    """Prompt ids from the evaluation sets: "news-eval" (held-out news, chat-formatted) or "humaneval"."""
-    from .experiments import code_items, news_items
-
-    items = news_items(tokenizer, n) if kind == "news-eval" else code_items(tokenizer, n)
-    return [item["prompt_ids"] for item in items]
-
-
-def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype = torch.float32):
-    """truncated:N, a model directory or model:<id>, lookup+<spec>, or a kind of specrepro.drafts.load."""
-    from .experiments import make_draft
-
-    return make_draft(spec, target, dtype=dtype, device=next(target.parameters()).device)
+from .profiling import profile_sps
+from .runners import HFRunner
+from .machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
+from .speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
+from .tuning import tune
+from .workloads import builtin_prompts, load_draft, task_prompts
 
 
 @dataclass(frozen=True)
@@ -105,8 +44,7 @@ class Config:
 
     @property
     def name(self) -> str:
-        parts = [self.impl, self.runner, self.mode] + ([f"K{self.k}"] if self.k else []) + [self.schedule]
-        return "/".join(p for p in parts if p)
+        return config_name(self.impl, self.runner, self.mode, self.k, self.schedule)
 
 
 def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True,
@@ -126,38 +64,68 @@ def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True
     return out
 
 
+RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "tuned")
+
+
+def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
+    """"lean", "onednn@bfloat16", ... -> (kind, compute dtype); "hf" and "tuned" take no dtype."""
+    kind, _, name = spec.partition("@")
+    if kind not in RUNNER_KINDS:
+        raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled"
+                         "@float32 or @bfloat16")
+    if name and (kind in ("hf", "tuned") or name not in ("float32", "bfloat16")):
+        raise ValueError(f"runner {spec!r}: only lean, onednn and compiled take @float32 or @bfloat16")
+    return kind, getattr(torch, name) if name else dtype
+
+
 class Setup:
     """The models and prebuilt runners every configuration draws from.
 
     draft: a causal LM, a ModelDraft (its model is used), a LookupDraft (HF's prompt lookup is its HF
     twin) or any other Draft (ours only). adaptive_threshold: the confidence stop of the "adaptive" runs.
+    runners: "hf" (our loop over the HF model), "lean" (LeanRunner, eager linears), "onednn" (LeanRunner
+    with oneDNN-prepacked linears), "compiled" (LeanRunner under torch.compile), each optionally
+    "@float32" / "@bfloat16" (default: `dtype`), and "tuned" (the runner sr.tune picks for this draft,
+    with the acceptance measured on `tune_prompt` if given, which also gives tune's K).
+    A model draft runs on the same kind of runner as the target, in the same dtype.
     """
 
     def __init__(self, target, draft=None, dtype=torch.float32, adaptive_threshold: float = 0.4,
-                 runners=("hf", "lean")):
+                 runners=("hf", "lean"), tune_prompt: torch.Tensor | None = None):
         if isinstance(draft, ModelDraft) and isinstance(draft.model, torch.nn.Module):
             draft = draft.model  # a trained small draft: its plain model, so every runner can take it
-        unknown = set(runners) - {"hf", "lean", "compiled"}
-        if unknown:
-            raise ValueError(f"unknown runners {sorted(unknown)}: use hf, lean, compiled")
+        specs = {r: parse_runner(r, dtype) for r in runners}
         self.target, self.draft = target, draft
-        self.lean_target = LeanRunner(target, dtype=dtype)
-        self.targets = {"hf": HFRunner(target), "lean": self.lean_target}
-        if "compiled" in runners:
-            self.targets["compiled"] = LeanRunner(target, dtype=dtype, compile=True)
         self.draft_is_model = isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings")
         self.draft_is_lookup = isinstance(draft, LookupDraft)
-        self.drafts, self.adaptive = {}, {}
-        if draft is not None:
-            self.drafts["hf"] = ModelDraft(draft) if self.draft_is_model else draft
-            lean_ok = self.draft_is_model and is_llama_like(draft)
-            self.drafts["lean"] = ModelDraft(LeanRunner(draft, dtype=dtype)) if lean_ok else self.drafts["hf"]
-            if "compiled" in runners:
-                self.drafts["compiled"] = (ModelDraft(LeanRunner(draft, dtype=dtype, compile=True)) if lean_ok
-                                           else self.drafts["hf"])
-            if self.draft_is_model:
-                self.adaptive = {r: ModelDraft(d.runner, confidence_threshold=adaptive_threshold)
-                                 for r, d in self.drafts.items()}
+        lean_draft_ok = self.draft_is_model and is_llama_like(draft)
+        self.targets, self.drafts, self.adaptive, self.tuned = {}, {}, {}, None
+        for name, (kind, dt) in specs.items():
+            if kind == "hf":
+                self.targets[name] = HFRunner(target)
+            elif kind == "tuned":
+                # at the bench's thread count: one count for every runner of the run
+                self.tuned = tune(target, draft, prompt=tune_prompt, temperature=0.0,
+                                  threads=[torch.get_num_threads()])
+                self.targets[name] = self.tuned.target
+            else:
+                self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
+                                                backend="onednn" if kind == "onednn" else "eager")
+            if draft is None:
+                continue
+            if not self.draft_is_model:
+                self.drafts[name] = draft
+            elif kind == "hf" or not lean_draft_ok:
+                self.drafts[name] = ModelDraft(draft)
+            else:
+                t = self.targets[name]
+                self.drafts[name] = ModelDraft(LeanRunner(draft, dtype=t.dtype, compile=t.compiled, backend=t.backend))
+        if self.draft_is_model:
+            self.adaptive = {r: ModelDraft(d.runner, confidence_threshold=adaptive_threshold)
+                             for r, d in self.drafts.items()}
+        # a LeanRunner for the profile and the memory floor: the first lean-kind runner, else a plain one
+        self.lean_target = next((t for t in self.targets.values() if isinstance(t, LeanRunner)), None) or LeanRunner(
+            target, dtype=dtype)
 
     @property
     def hf_twin(self) -> bool:
@@ -230,52 +198,9 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
-    """Median ms of one target forward of n tokens after `prefix`, and of one draft step, per runner type.
-
-    Interleaved across reps. n covers 1..max(K)+1 so that loops proposing fewer than K tokens (lookup,
-    adaptive) are costed too. The draft step is one propose() of one token after the same prefix (for a
-    model draft: one forward of one token; for lookup: its n-gram search). Returns {runner: {"target_ms":
-    {n: ms}, "v": {K: v(K)}, "draft_ms": ms, "c": c}}.
-    """
-    kinds = setup.targets
-    sizes = list(range(1, max(ks) + 2))
-    times = {r: {n: [] for n in sizes} for r in kinds}
-    dtimes = {r: [] for r in setup.drafts}
-    for runner in kinds.values():
-        runner.reset()
-        runner.forward(prefix)
-    hidden = None
-    if any(getattr(d, "wants_target_hidden", False) for d in setup.drafts.values()):  # feature drafts
-        features = HFRunner(setup.target, keep_hidden=True)
-        features.forward(prefix[:-1])
-        hidden = features.hidden
-    base = prefix.shape[0]
-    g = torch.Generator().manual_seed(0)
-    greedy = SamplingConfig(0.0)
-    for d in setup.drafts.values():
-        d.reset()
-        d.propose(prefix, 1, greedy, g, hidden)  # prefills the draft's own cache
-    for _ in range(reps):
-        for r, runner in kinds.items():
-            for n in sizes:
-                ids = torch.randint(0, setup.lean_target.vocab_size, (n,), generator=g)
-                runner.rollback(base)
-                t = time.perf_counter()
-                runner.forward(ids)
-                times[r][n].append(time.perf_counter() - t)
-        for r, d in setup.drafts.items():
-            t = time.perf_counter()
-            d.propose(prefix, 1, greedy, g, hidden)  # the cache holds prefix[:-1]: one step, as in a loop
-            dtimes[r].append(time.perf_counter() - t)
-    out = {}
-    for r in kinds:
-        target = {n: 1e3 * statistics.median(v) for n, v in times[r].items()}
-        entry = {"target_ms": target, "v": {k: target[k + 1] / target[1] for k in range(1, max(ks) + 1)}}
-        if dtimes.get(r):
-            entry["draft_ms"] = 1e3 * statistics.median(dtimes[r])
-            entry["c"] = entry["draft_ms"] / target[1]
-        out[r] = entry
-    return out
+    """specrepro.costs for every runner of the setup with its draft, interleaved: {runner: costs}."""
+    pairs = {r: (runner, setup.drafts.get(r)) for r, runner in setup.targets.items()}
+    return measure_cost_table(pairs, prefix, ks, reps)
 
 
 def bench(
@@ -326,230 +251,48 @@ def bench(
                 if progress:
                     print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
     costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps))
+    machine = memory_floor_probe(setup, costs)
     summary = summarise(rows, costs)
-    return {"rows": rows, "summary": summary, "costs": costs, "headline": headline(rows, summary)}
+    return {"rows": rows, "summary": summary, "costs": costs, "headline": headline(rows, summary), "machine": machine}
 
 
-def summarise(rows: list[dict], costs: dict) -> list[dict]:
-    by = {}
-    for r in rows:
-        by.setdefault(r["name"], []).append(r)
-    per = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
-    # ours vs ours: decode time only (the prompt pass, equal for both, would pull ratios toward 1)
-    per_decode = {(r["name"], r["rep"], r["prompt"]): r["decode_ms_per_token"] for r in rows if "decode_ms_per_token" in r}
-    out = []
-    for name, rs in by.items():
-        first = rs[0]
-        mode, runner, k = first["mode"], first["runner"], first["k"]
-        ms = statistics.median(r["ms_per_token"] for r in rs)
-
-        def ratio(ref_name, table=per, key="ms_per_token"):  # paired: same prompt and repetition
-            pairs = [table[(ref_name, r["rep"], r["prompt"])] / r[key] for r in rs
-                     if (ref_name, r["rep"], r["prompt"]) in table]
-            return statistics.median(pairs) if pairs else None
-
-        row = dict(
-            name=name, impl=first["impl"], runner=runner, mode=mode, k=k, schedule=first["schedule"], runs=len(rs),
-            ms_per_token=ms, tokens_per_s=1e3 / ms,
-            decode_ms_per_token=(
-                statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
-            ),
-            ratio_to_ours_ars_hf=ratio(Config("ours_ars", "hf", 0, mode).name),
-            speedup_vs_same_runner_ars=(
-                ratio(Config("ours_ars", runner, 0, mode).name, per_decode, "decode_ms_per_token")
-                if first["impl"].startswith("ours") else None
-            ),
-        )
-        proposed = sum(r["proposed"] for r in rs)
-        if first["impl"] == "ours_sps" and proposed:
-            loop_acc = sum((r["loop_accepted"] for r in rs), [])
-            loop_prop = sum((r["loop_proposed"] for r in rs), [])
-            tokens = sum(r["tokens"] for r in rs)
-            a = acceptance_mle(loop_acc, loop_prop)
-            row.update(acceptance_rate=sum(r["accepted"] for r in rs) / proposed, a=a,
-                       tau=tokens / sum(r["target_calls"] for r in rs), mean_proposed=proposed / len(loop_prop))
-            cost = costs.get(runner, {})
-            if "c" in cost and k in cost.get("v", {}):
-                row.update(c=cost["c"], v=cost["v"][k], bound=loop_cost_bound(tokens, loop_prop, cost["c"], cost["v"]))
-                if first["schedule"] != "adaptive":  # the i.i.d. prediction assumes K drafts per loop
-                    row["predicted"] = predicted_speedup(a, k, cost["c"], cost["v"][k])
-                if row["speedup_vs_same_runner_ars"]:
-                    if "predicted" in row:
-                        row["measured_over_predicted"] = row["speedup_vs_same_runner_ars"] / row["predicted"]
-                    row["measured_over_bound"] = row["speedup_vs_same_runner_ars"] / row["bound"]
-        out.append(row)
+def memory_floor_probe(setup: Setup, costs: dict) -> dict:
+    """The CPU, its copy bandwidth, and per runner the weight bytes a pass streams, the floor that sets
+    (bytes / bandwidth) and the measured one-token pass over it (costs gain "floor_ms" and "over_floor")."""
+    bandwidth = copy_bandwidth()
+    out = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "copy_bandwidth_gbs": bandwidth, "threads": torch.get_num_threads(),
+           "runners": {}}
+    for name, runner in setup.targets.items():
+        dtype = getattr(runner, "dtype", None)
+        nbytes = weight_bytes(setup.target, dtype)
+        floor = 1e3 * nbytes / (bandwidth * 1e9)
+        entry = {"dtype": str(dtype or next(setup.target.parameters()).dtype), "weight_bytes": nbytes, "floor_ms": floor,
+                 "backend": getattr(runner, "backend", "hf")}
+        if name in costs:
+            costs[name].update(floor_ms=floor, over_floor=costs[name]["target_ms"][1] / floor)
+            entry["one_token_over_floor"] = costs[name]["over_floor"]
+        out["runners"][name] = entry
+    if setup.tuned is not None:
+        out["tuned"] = {k: setup.tuned.report[k] for k in ("name", "why", "lookahead", "cached")}
     return out
 
 
-COLUMNS = [
-    "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
-    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
-    "predicted", "measured_over_predicted", "bound", "measured_over_bound",
-]
 
 
-def paired_speedup(rows: list[dict], name: str, reference: str) -> float | None:
-    """Median over (repetition, prompt) of reference ms/token / name ms/token: > 1 means `name` is faster."""
-    ms = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
-    pairs = [ms[(reference, rep, pr)] / v for (n, rep, pr), v in ms.items() if n == name and (reference, rep, pr) in ms]
-    return statistics.median(pairs) if pairs else None
 
 
-def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
-    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster).
-
-    ars_vs_hf_generate: our fastest ArS against HF generate(). sps_vs_hf_assisted: our fastest fixed-K SpS
-    against HF assisted generation with the same draft at the same K (its fastest schedule). Also the
-    speedup of that SpS over our ArS on the same runner with measured/predicted, and the adaptive
-    lookahead against the best fixed K.
-    """
-    out = []
-    for mode in sorted({r["mode"] for r in summary}):
-        mine = [r for r in summary if r["mode"] == mode]
-        pick = lambda rs: min(rs, key=lambda r: r["ms_per_token"]) if rs else None  # noqa: E731
-        ars = pick([r for r in mine if r["impl"] == "ours_ars"])
-        sps = pick([r for r in mine if r["impl"] == "ours_sps" and r["schedule"] != "adaptive"])
-        gen = pick([r for r in mine if r["impl"] == "hf_generate"])
-        line = {"mode": mode, "ours_ars": ars and ars["name"], "ours_sps": sps and sps["name"]}
-        if ars and gen:
-            line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])
-        if sps:
-            line.update(best_k=sps["k"], sps_speedup=sps["speedup_vs_same_runner_ars"],
-                        measured_over_predicted=sps.get("measured_over_predicted"),
-                        measured_over_bound=sps.get("measured_over_bound"))
-            assisted = pick([r for r in mine if r["impl"] == "hf_assisted" and r["k"] == sps["k"]])
-            if assisted:
-                line.update(hf_assisted=assisted["name"],
-                            sps_vs_hf_assisted=paired_speedup(rows, sps["name"], assisted["name"]))
-            best_any = pick([r for r in mine if r["impl"] == "hf_assisted"])
-            if best_any:
-                line.update(hf_assisted_best=best_any["name"],
-                            sps_vs_hf_assisted_best=paired_speedup(rows, sps["name"], best_any["name"]))
-            adaptive = pick([r for r in mine if r["schedule"] == "adaptive" and r["runner"] == sps["runner"]])
-            if adaptive:
-                line.update(adaptive=adaptive["name"], adaptive_vs_best_fixed=paired_speedup(rows, adaptive["name"], sps["name"]))
-        out.append(line)
-    return out
 
 
-def format_table(summary: list[dict]) -> str:
-    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred",
-            "meas/pred", "bound", "meas/bnd"]
-    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars",
-            "a", "tau", "c", "v", "predicted", "measured_over_predicted", "bound", "measured_over_bound"]
-    lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
-    for row in summary:
-        cells = [("" if row.get(k) is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k])) for k in keys]
-        lines.append(f"{row['name']:40s}" + "".join(f"{c:>11s}" for c in cells))
-    return "\n".join(lines)
 
 
-def write_results(result: dict, out: str | os.PathLike, meta: dict | None = None) -> tuple[Path, Path]:
-    """<out>.csv (the summary) and <out>.json (summary, costs, every run, meta), each written atomically."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")
-    tmp = csv_path.with_name(f".{csv_path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(result["summary"])
-    os.replace(tmp, csv_path)
-    tmp = json_path.with_name(f".{json_path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"meta": meta or {}, **result}, indent=1, default=str))
-    os.replace(tmp, json_path)
-    return csv_path, json_path
 
 
-class _Timed:
-    """A runner proxy that appends the wall time of each forward (and prefill) to times[key]."""
-
-    def __init__(self, runner, times: dict, key: str):
-        self.__dict__.update(_runner=runner, _times=times, _key=key)
-        if not hasattr(runner, "vocab_size"):  # HFRunner: the loop asks the runner or its config
-            self.__dict__["vocab_size"] = vocab_size(runner.model)
-        if hasattr(runner, "prefill"):
-            self.__dict__["prefill"] = self._prefill
-
-    def forward(self, ids):
-        t = time.perf_counter()
-        out = self._runner.forward(ids)
-        self._times[self._key].append(time.perf_counter() - t)
-        return out
-
-    def _prefill(self, ids):
-        t = time.perf_counter()
-        self._runner.prefill(ids)
-        self._times[self._key + "_prefill"].append(time.perf_counter() - t)
-
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._runner, name, value)
 
 
-def _time_proposals(draft, times: list) -> None:
-    """Make draft.propose (this instance only) append the wall time of each call to times."""
-    propose = draft.propose
-
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        out = propose(*args, **kwargs)
-        times.append(time.perf_counter() - t)
-        return out
-
-    draft.propose = timed
 
 
-def profile_sps(target_runner, draft, prompt, k=4, max_new_tokens=32, temperature=1.0, seed=0) -> dict:
-    """Where the time of SpS goes: target forwards, draft proposals, verification sampling, the rest.
 
-    draft: any Draft (a ModelDraft over a runner, lookup, feature...). Draft time is whole propose() calls
-    (its forwards and its sampling). The verification's sampling and rejection are timed in isolation on
-    the shapes one loop uses; the rest of the loop time is Python and bookkeeping.
-    """
-    from .drafts.base import Draft
 
-    times = {"target_forward": [], "target_forward_prefill": []}
-    propose_times: list[float] = []
-    target = _Timed(target_runner, times, "target_forward")
-    inner = copy.copy(draft) if isinstance(draft, Draft) else ModelDraft(draft)  # the caller's draft stays untimed
-    inner.reset()
-    _time_proposals(inner, propose_times)
-    gen = speculative_generate(target, inner, prompt, max_new_tokens, k, temperature=temperature,
-                               generator=torch.Generator().manual_seed(seed))
-    prefill = gen.seconds - sum(gen.loop_seconds)
-    loops = sum(gen.loop_seconds)
-    # the prompt pass is outside the loops: a prefill call, or else the first target forward
-    has_prefill = hasattr(target_runner, "prefill") or prompt.shape[0] < 2
-    in_loops_target = sum(times["target_forward"] if has_prefill else times["target_forward"][1:])
-    draft_total = sum(propose_times)  # the draft's prompt pass happens inside the first loop: draft time
-    sampling = SamplingConfig(temperature)
-    vocab = target.vocab_size
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(k + 1, vocab, generator=g)
-    p = sampling.probs(logits[:k])
-    drafted = sample(p, g)
-    reps = 20
-    t = time.perf_counter()
-    for _ in range(reps):
-        q = sampling.probs(logits)
-        rejection_step(drafted, p, q, g)
-    verify_sampling = (time.perf_counter() - t) / reps
-    n = gen.target_calls
-    sampling_total = n * verify_sampling
-    rest = loops - in_loops_target - draft_total - sampling_total
-    return dict(
-        loops=n, tokens=len(gen.tokens), loop_seconds=loops, prompt_seconds=prefill,
-        target_forward=in_loops_target, draft_propose=draft_total, draft_calls=len(propose_times),
-        verify_sampling_est=sampling_total, python_overhead_est=rest,
-        per_loop_ms={
-            "total": 1e3 * loops / n, "target_forward": 1e3 * in_loops_target / n,
-            "draft_propose": 1e3 * draft_total / n, "verify_sampling_est": 1e3 * sampling_total / n,
-            "python_overhead_est": 1e3 * rest / n,
-        },
-    )
 
 
 def parse_ks(text: str) -> list[int]:
@@ -583,7 +326,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="greedy,sample")
     ap.add_argument("--runners", default="hf,lean",
-                    help="ours on: hf (HF model forward with its cache), lean, compiled (lean under torch.compile)")
+                    help="ours on: hf (HF model forward with its cache), lean, onednn (lean, oneDNN-prepacked linears), "
+                         "compiled (lean under torch.compile), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
@@ -604,16 +348,24 @@ def main(argv=None) -> dict:
     for name in ("n_prompts", "max_new_tokens", "reps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    threads = set_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    runners = tuple(args.runners.split(","))
+    try:
+        for r in runners:
+            parse_runner(r, dtype)
+    except ValueError as err:
+        ap.error(str(err))
+    threads = set_threads(args.threads)
     target, tokenizer = load_model(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, dtype) if args.draft else None
     prompts = [p.to(args.device) for p in (task_prompts(args.prompts, tokenizer, args.n_prompts)
                                             if args.prompts in ("news-eval", "humaneval")
                                             else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
-    runners = tuple(args.runners.split(","))
     # one set of runners for the timed runs and the profile (a second would rebuild, and recompile, them)
-    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners)
+    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners, prompts[0])
+    if setup.tuned is not None:
+        print(f"tuned: {setup.tuned.report['name']}, K = {setup.tuned.lookahead} ({setup.tuned.report['why']})")
+        ks = sorted(set(ks) | {setup.tuned.lookahead})
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,

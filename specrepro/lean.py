@@ -6,16 +6,23 @@ is a drop-in `target` for speculative_generate and a runner for `drafts.ModelDra
 - a preallocated KV cache [layers, 1, kv_heads, capacity, head_dim] written by position, so a rollback
   is just `self.length = n` (later writes overwrite the rejected slots, as in gpt-fast);
 - RoPE cos/sin tables computed once by the model's own rotary module (any rope_type it supports);
-- one `F.scaled_dot_product_attention` per layer over the cached prefix with an explicit causal mask for
-  the new block, GQA without repeating keys;
+- attention over the cached prefix as two batched matmuls per layer with the query heads grouped by
+  their key/value head (GQA without repeating keys) and an explicit causal mask for the new block: on
+  CPU, `F.scaled_dot_product_attention` hits shapes where it takes ~16 ms instead of ~0.1 ms (measured
+  on the 2-core EPYC, e.g. 5 float32 queries over 133 keys, 1 bfloat16 query over 600), so it is used
+  only on other devices;
 - no host syncs, no Python work that grows with the vocabulary or the sequence.
 """
 from __future__ import annotations
 
 import os
 
+import warnings
+
 import torch
 import torch.nn.functional as F
+
+from .kernels import Linear, check_backend, resolve_backend
 
 
 def set_threads(n: int | None = None) -> int:
@@ -52,12 +59,16 @@ class LeanRunner:
     dtype: the compute dtype (float32 default). If it differs from the model's, the weights are cast once
     (that is a copy); in the model's own dtype the runner holds views of the model's tensors.
     capacity: initial cache length in positions; the cache grows (a copy, rare) up to the context window.
+    backend: how the linear layers run (specrepro.kernels): "eager" (F.linear over the model's tensors) or
+    "onednn" (q/k/v and gate/up fused, weights prepacked once for oneDNN: a copy). A backend this machine
+    lacks falls back to eager with a warning. `specrepro.tune` measures which is faster here.
     compile: run the block through torch.compile(dynamic=True) (one compile of 10-25 s on a 2-core CPU,
     shapes vary in the block length and the cache length). Measured on the 2-core EPYC (1 thread), ms per
     forward of 1 / 2 / 5 / 8 tokens: float32 eager 47.7 / 84.5 / 85.1 / 84.3, compiled 57.3 / 73.8 /
     75.7 / 74.6; bfloat16 eager 29.2 / 27.3 / 33.4 / 34.7, compiled 48.1 / 36.8 / 30.7 / 33.5. It does not
     help the one-token steps of ArS or bfloat16, so it is off by default; `python -m specrepro.bench
-    --runners lean,compiled` measures it side by side on other machines.
+    --runners lean,compiled` measures it side by side on other machines. A compile that fails falls back
+    to the eager block with a warning.
     """
 
     batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
@@ -69,6 +80,7 @@ class LeanRunner:
         capacity: int = 512,
         keep_hidden: bool = False,
         compile: bool = False,
+        backend: str = "eager",
     ):
         if not is_llama_like(model):
             raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
@@ -78,13 +90,21 @@ class LeanRunner:
         if reason is not None:
             raise TypeError(f"LeanRunner needs every weight on one device, but {reason}: run this model with the HF "
                             "runner (pass the model itself as target, or specrepro.runners.HFRunner(model))")
+        check_backend(backend)
+        if compile and backend != "eager":
+            # measured with torch 2.13: inductor fails to lower mkldnn._linear_pointwise on a prepacked weight
+            raise ValueError(f"compile=True needs backend='eager' (torch.compile cannot lower the {backend!r} linears)")
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
         config = model.config
         self.model = model
         self.keep_hidden = keep_hidden
-        self._block = torch.compile(_block, dynamic=True) if compile else _block
+        self.compiled = compile
+        self._block = _CompiledBlock() if compile else _block
         first = next(model.parameters())
         self.device = first.device
         self.dtype = dtype or first.dtype
+        self.backend = resolve_backend(backend, self.dtype, self.device)
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = getattr(config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
@@ -96,25 +116,25 @@ class LeanRunner:
 
         base = model.model
         self.embed = w(base.embed_tokens.weight)
-        self.head = w(model.get_output_embeddings().weight)  # tied: the same tensor as embed
+        self.head = Linear([(model.get_output_embeddings().weight, None)], self.dtype, self.backend)
         self.norm = (w(base.norm.weight), _eps(base.norm))
         self.layers = []
+        def linear(*projections):
+            return Linear([(p.weight, p.bias) for p in projections], self.dtype, self.backend)
+
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(
                 (
                     (w(layer.input_layernorm.weight), _eps(layer.input_layernorm)),
-                    (w(a.q_proj.weight), w(a.q_proj.bias)),
-                    (w(a.k_proj.weight), w(a.k_proj.bias)),
-                    (w(a.v_proj.weight), w(a.v_proj.bias)),
-                    (w(a.o_proj.weight), w(a.o_proj.bias)),
+                    linear(a.q_proj, a.k_proj, a.v_proj),
+                    linear(a.o_proj),
                     (w(layer.post_attention_layernorm.weight), _eps(layer.post_attention_layernorm)),
-                    (w(m.gate_proj.weight), w(m.gate_proj.bias)),
-                    (w(m.up_proj.weight), w(m.up_proj.bias)),
-                    (w(m.down_proj.weight), w(m.down_proj.bias)),
+                    linear(m.gate_proj, m.up_proj),
+                    linear(m.down_proj),
                 )
             )
-        self.vocab_size = self.head.shape[0]
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.capacity = 0
         self._grow(min(capacity, self.context_window or capacity))
         self.reset()
@@ -213,20 +233,58 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
     end = start + n
     mask = causal_mask(start, n, ids.device)
     x = F.embedding(ids, embed)  # [n, H]
-    for i, (ln1, wq, wk, wv, wo, ln2, wg, wu, wd) in enumerate(layers):
+    for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
         h = rms_norm(x, ln1)
+        q, k, v = qkv(h)
         # [1, heads, n, head_dim]
-        q = F.linear(h, *wq).view(1, n, n_heads, head_dim).transpose(1, 2)
-        k = F.linear(h, *wk).view(1, n, n_kv_heads, head_dim).transpose(1, 2)
-        v = F.linear(h, *wv).view(1, n, n_kv_heads, head_dim).transpose(1, 2)
+        q = q.reshape(1, n, n_heads, head_dim).transpose(1, 2)
+        k = k.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
+        v = v.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache[i, :, :, start:end] = k
         v_cache[i, :, :, start:end] = v
-        o = F.scaled_dot_product_attention(
-            q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=n_heads != n_kv_heads
-        )
-        x = x + F.linear(o.transpose(1, 2).reshape(n, n_heads * head_dim), *wo)
-        h = rms_norm(x, ln2)
-        x = x + F.linear(F.silu(F.linear(h, *wg)) * F.linear(h, *wu), *wd)
+        o = attend(q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], mask)
+        x = x + wo(o.transpose(1, 2).reshape(n, n_heads * head_dim))[0]
+        x = x + mlp(rms_norm(x, ln2), gate_up, down)
     x = rms_norm(x, norm)
-    return x, None if head is None else F.linear(x, head)
+    return x, None if head is None else head(x)[0]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax attention. q: [1, heads, n, d]; k, v: [1, kv_heads, L, d]; mask: [n, L] bool or None.
+
+    Query head h reads key/value head h // (heads / kv_heads), as in HF's GQA. Scores and softmax in
+    float32 (HF's eager attention does the same for half-precision models).
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    _, heads, n, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    group = heads // kv
+    scores = (q.reshape(1, kv, group * n, d) @ k.transpose(-1, -2)).float() * d**-0.5  # [1, kv, group * n, L]
+    if mask is not None:
+        scores = scores.view(1, kv, group, n, length).masked_fill(~mask, float("-inf")).view(1, kv, group * n, length)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    return (weights @ v).view(1, heads, n, d)
+
+
+def mlp(h: torch.Tensor, gate_up, down) -> torch.Tensor:
+    gate, up = gate_up(h)
+    return down(F.silu(gate) * up)[0]
+
+
+class _CompiledBlock:
+    """torch.compile(_block, dynamic=True), falling back to the eager block (with a warning) if it fails."""
+
+    def __init__(self):
+        self.fn = torch.compile(_block, dynamic=True)
+
+    def __call__(self, *args):
+        if self.fn is not _block:
+            try:
+                return self.fn(*args)
+            except Exception as e:  # inductor needs a C++ toolchain and can fail on odd builds
+                warnings.warn(f"torch.compile of the lean block failed ({type(e).__name__}: {e}); running eager",
+                              stacklevel=3)
+                self.fn = _block
+        return _block(*args)

@@ -38,6 +38,22 @@ def _nan(x) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x)) or isinstance(x, str)
 
 
+def _band(ax, xs, rows, key, color):
+    """Shade the bootstrap 95% CI of `key` where the rows carry it (key_ci_low / key_ci_high)."""
+    lo = [r.get(f"{key}_ci_low") for r in rows]
+    hi = [r.get(f"{key}_ci_high") for r in rows]
+    if all(v is not None and not _nan(v) for v in lo + hi):
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+
+
+def _yerr(row, key):
+    """[[below], [above]] for an error bar from the row's CI of `key`, or None without one."""
+    lo, hi, mid = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high"), row.get(key)
+    if any(v is None or _nan(v) for v in (lo, hi, mid)):
+        return None
+    return [[mid - lo], [hi - mid]]
+
+
 def plot_losslessness(out_dir, name: str = "losslessness") -> list[str]:
     """p-values of each setting against the Bonferroni-corrected alpha; exact vs empirical joint beside."""
     out_dir = Path(out_dir)
@@ -88,7 +104,8 @@ def plot_lookahead(out_dir, name: str = "lookahead_sweep") -> list[str]:
         axes[0].fill_between(ks, [r["p50_ms"] for r in rs], [r["p90_ms"] for r in rs], color=color, alpha=0.15)
         axes[1].plot(ks, [r["tau_over_K1"] for r in rs], "--o", color=color, label=label, ms=3)
         axes[2].plot(ks, [r["ms_per_loop"] for r in rs], "--o", color=color, label=label, ms=3)
-        axes[3].plot(ks, [r["speedup"] for r in rs], "-o", color=color, label=f"{label} measured", ms=3)
+        axes[3].plot(ks, [r["speedup"] for r in rs], "-o", color=color, label=f"{label} measured (95% CI)", ms=3)
+        _band(axes[3], ks, rs, "speedup", color)
         axes[3].plot(ks, [r["predicted_speedup"] for r in rs], ":", color=color, label=f"{label} predicted")
     axes[0].set(title="Mean token time (band: P50-P90)", ylabel="ms / token")
     axes[1].set(title="Mean accepted tokens / (K+1)", ylim=(0, 1.05))
@@ -119,12 +136,14 @@ def plot_table1(out_dir, name: str = "table1") -> list[str]:
             x = gi + (mi - 0.5) * 2 * width
             color = "tab:gray" if method == "ArS" else "tab:purple"
             if not _nan(r.get("result")):
-                axes[0].bar(x - width / 2, r["result"], width, color=color, label=f"ours {method}" if gi == 0 else None)
+                axes[0].bar(x - width / 2, r["result"], width, color=color, label=f"ours {method}" if gi == 0 else None,
+                            yerr=_yerr(r, "result"), capsize=2)
             if not _nan(r.get("paper_result")):
                 axes[0].bar(x + width / 2, r["paper_result"], width, color=color, alpha=0.35, hatch="//",
                             label=f"paper {method}" if gi == 0 else None)
             if method == "SpS":
-                axes[1].bar(gi - width / 2, r["speedup"], width, color="tab:purple", label="ours" if gi == 0 else None)
+                axes[1].bar(gi - width / 2, r["speedup"], width, color="tab:purple", label="ours (95% CI)" if gi == 0 else None,
+                            yerr=_yerr(r, "speedup"), capsize=2)
                 if not _nan(r.get("paper_speedup")):
                     axes[1].bar(gi + width / 2, r["paper_speedup"], width, color="tab:purple", alpha=0.35, hatch="//",
                                 label="paper (Chinchilla 70B)" if gi == 0 else None)
@@ -149,13 +168,15 @@ def plot_drafts(out_dir, name: str = "drafts") -> list[str]:
             rs = sorted((r for r in mine if r["draft"] == d), key=lambda r: r["K"])
             ks = [r["K"] for r in rs]
             line, = axes[0, col].plot(ks, [r["tau"] for r in rs], "-o", ms=3, label=d)
+            _band(axes[0, col], ks, rs, "tau", line.get_color())
             if all(not _nan(r.get("speedup")) for r in rs):
                 axes[1, col].plot(ks, [r["speedup"] for r in rs], "-o", ms=3, color=line.get_color(), label=f"{d}")
+                _band(axes[1, col], ks, rs, "speedup", line.get_color())
             if all(not _nan(r.get("predicted_speedup")) for r in rs):
                 axes[1, col].plot(ks, [r["predicted_speedup"] for r in rs], ":", color=line.get_color())
         title = " ".join(str(x) for x in (task, f"T={temp}" if temp != "" else "") if x)
         axes[0, col].set(xlabel="K", ylabel="tokens per target call (tau)", title=title)
-        axes[1, col].set(xlabel="K", ylabel="speedup vs ArS (dotted: predicted)")
+        axes[1, col].set(xlabel="K", ylabel="speedup vs ArS (dotted: predicted; bands: 95% CI)")
         axes[1, col].axhline(1, color="gray", lw=0.5)
         axes[0, col].legend(fontsize=6)
     fig.tight_layout()

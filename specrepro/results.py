@@ -227,12 +227,17 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
 
 
 def machine_info() -> dict:
-    """Where the numbers were measured."""
+    """Where the numbers were measured: the CPU model and its kernel flags (avx2, avx512_bf16, amx...) too."""
     import torch
 
+    from .machine import cpu_info
+
+    cpu = cpu_info()
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu["model"],
+        "cpu_flags": cpu["flags"],
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,

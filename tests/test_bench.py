@@ -9,7 +9,7 @@ import json
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specrepro import bench
+from specrepro import bench, speedup, workloads
 from specrepro.drafts.lookup import LookupDraft
 from specrepro.speedup import loop_cost_bound
 
@@ -26,8 +26,8 @@ def tiny(seed, layers=2):
 
 def test_bench_end_to_end_writes_csv_and_json(tmp_path):
     target = tiny(0)
-    draft = bench.truncated_draft(target, 1)
-    prompts = bench.builtin_prompts("code", None, n=2, vocab=64)
+    draft = workloads.truncated_draft(target, 1)
+    prompts = workloads.builtin_prompts("code", None, n=2, vocab=64)
     result = bench.bench(target, draft, prompts, ks=(1, 3), max_new_tokens=6, reps=2)
     csv_path, json_path = bench.write_results(result, tmp_path / "sub" / "bench", meta={"test": True})
 
@@ -61,9 +61,9 @@ def test_bench_end_to_end_writes_csv_and_json(tmp_path):
 
 def test_profile_and_helpers():
     target = tiny(0)
-    draft = bench.truncated_draft(target, 1)
+    draft = workloads.truncated_draft(target, 1)
     setup = bench.Setup(target, draft)
-    prompt = bench.builtin_prompts("news", None, n=1, vocab=64)[0]
+    prompt = workloads.builtin_prompts("news", None, n=1, vocab=64)[0]
     prof = bench.profile_sps(setup.lean_target, setup.drafts["lean"].runner, prompt, k=2, max_new_tokens=8)
     assert prof["tokens"] == 8 and prof["loops"] >= 3 and prof["target_forward"] > 0
     # every loop drafts except a last one left with a single budget token (a plain target step)
@@ -73,8 +73,8 @@ def test_profile_and_helpers():
     lookup = bench.profile_sps(setup.lean_target, LookupDraft(64), prompt, k=2, max_new_tokens=8)
     assert lookup["tokens"] == 8 and lookup["loops"] - 1 <= lookup["draft_calls"] <= lookup["loops"]
     assert bench.parse_ks("1,2,...,7") == list(range(1, 8)) == bench.parse_ks("1-7")
-    assert bench.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
-    assert abs(bench.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12
+    assert speedup.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
+    assert abs(speedup.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -92,7 +92,7 @@ def test_bad_cli_arguments_exit_with_a_message(argv, message, capsys):
 def test_bench_lookup_runs_hf_prompt_lookup_and_adaptive_needs_a_model(tmp_path):
     """A lookup draft is compared with HF's own prompt lookup (the same n-gram draft); no adaptive runs."""
     target = tiny(0)
-    prompts = bench.builtin_prompts("code", None, n=1, vocab=64)
+    prompts = workloads.builtin_prompts("code", None, n=1, vocab=64)
     result = bench.bench(target, LookupDraft(64), prompts, ks=(2,), max_new_tokens=6, reps=1, modes=("greedy",),
                          adaptive=True)
     names = {r["name"] for r in result["summary"]}
@@ -104,8 +104,8 @@ def test_bench_lookup_runs_hf_prompt_lookup_and_adaptive_needs_a_model(tmp_path)
 
 def test_bench_adaptive_lookahead_with_a_model_draft():
     target = tiny(0)
-    draft = bench.truncated_draft(target, 1)
-    prompts = bench.builtin_prompts("code", None, n=1, vocab=64)
+    draft = workloads.truncated_draft(target, 1)
+    prompts = workloads.builtin_prompts("code", None, n=1, vocab=64)
     result = bench.bench(target, draft, prompts, ks=(1, 3), max_new_tokens=6, reps=1, modes=("greedy",), hf=False,
                          adaptive=True, adaptive_threshold=0.5)
     rows = {r["name"]: r for r in result["summary"]}
@@ -120,3 +120,36 @@ def test_loop_cost_bound():
     v = {1: 1.5, 2: 2.0}
     # two loops: one proposed 2 (cost 2c + v(2)), one proposed nothing (a plain step, cost 1)
     assert loop_cost_bound(4, [2, 0], 0.1, v) == pytest.approx(4 / (0.2 + 2.0 + 1.0))
+
+
+def test_bench_compares_runner_settings_and_reports_the_memory_floor(tmp_path, monkeypatch):
+    """Runners of several dtypes and backends, plus sr.tune's pick, in one run: fastest vs fastest, floor."""
+    monkeypatch.setenv("SPECREPRO_HOME", str(tmp_path))
+    target = tiny(0)
+    draft = workloads.truncated_draft(target, 1)
+    prompts = workloads.builtin_prompts("code", None, n=1, vocab=64)
+    runners = ("lean", "onednn@bfloat16", "tuned")
+    result = bench.bench(target, draft, prompts, ks=(1, 2), max_new_tokens=6, reps=1, modes=("greedy",),
+                         runners=runners, hf=False)
+    assert set(result["costs"]) == set(runners)
+    assert result["costs"]["onednn@bfloat16"]["v"].keys() == {1, 2}
+    machine = result["machine"]
+    assert machine["copy_bandwidth_gbs"] > 0 and machine["cpu_info"]["flags"] is not None
+    lean, low = machine["runners"]["lean"], machine["runners"]["onednn@bfloat16"]
+    assert lean["weight_bytes"] == 2 * low["weight_bytes"]  # float32 streams twice the bytes of bfloat16
+    assert low["dtype"] == "torch.bfloat16" and lean["one_token_over_floor"] > 0
+    assert machine["tuned"]["name"]
+    line = result["headline"][0]
+    assert line["fastest_sps_vs_fastest_ars"] > 0
+    # float32 runners are greedy-exact against each other
+    f32 = {tuple(r["ids"]) for r in result["rows"] if r["runner"] == "lean"}
+    assert len(f32) == 1
+
+
+@pytest.mark.parametrize("spec", ["fast", "hf@bfloat16", "lean@float16", "tuned@float32"])
+def test_bad_runner_specs_are_clear_errors(spec, capsys):
+    with pytest.raises(ValueError, match="runner"):
+        bench.parse_runner(spec, torch.float32)
+    with pytest.raises(SystemExit):
+        bench.main(["--runners", f"lean,{spec}"])
+    assert "runner" in capsys.readouterr().err

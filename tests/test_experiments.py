@@ -175,5 +175,5 @@ def test_measure_costs_feeds_target_features_to_feature_drafts():
 
     target = tiny_llama(0, vocab=40, layers=2)
     costs = ex.measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],
-                             repeats=1)
-    assert costs["c"] > 0 and set(costs["v"]) == {1, 2}
+                             reps=1)
+    assert costs["c"] > 0 and set(costs["v"]) == {1, 2} and set(costs["target_ms"]) == {1, 2, 3}

@@ -5,6 +5,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import specrepro as sr
 from specrepro.drafts import ModelDraft
+from specrepro import kernels
+from specrepro.kernels import unavailable_reason
 from specrepro.lean import LeanRunner, causal_mask
 from specrepro.runners import HFRunner
 
@@ -34,12 +36,19 @@ def run_chunks(runner, ids):
     return rows
 
 
+ONEDNN = pytest.param("onednn", marks=pytest.mark.skipif(
+    unavailable_reason("onednn", torch.float32) is not None, reason="no oneDNN in this torch build"))
+
+
+@pytest.mark.parametrize("backend", ["eager", ONEDNN])
 @pytest.mark.parametrize("tied,kv_heads", [(False, 2), (True, 4), (False, 1)])
-def test_lean_logits_match_hf_on_tiny_llama(tied, kv_heads):
+def test_lean_logits_match_hf_on_tiny_llama(tied, kv_heads, backend):
     model = llama(0, tied=tied, kv_heads=kv_heads)
     ids = torch.randint(0, 50, (30,), generator=torch.Generator().manual_seed(1))
     full = model(ids.view(1, -1)).logits[0]
-    lean = LeanRunner(model, capacity=4, keep_hidden=True)  # capacity 4: the cache must grow on the way
+    # capacity 4: the cache must grow on the way
+    lean = LeanRunner(model, capacity=4, keep_hidden=True, backend=backend)
+    assert lean.backend == backend
     hf = HFRunner(model, keep_hidden=True)
     for (start, end, lean_logits, lean_hidden), (_, _, hf_logits, hf_hidden) in zip(
         run_chunks(lean, ids), run_chunks(hf, ids)
@@ -59,6 +68,58 @@ def test_compiled_lean_runner_matches_eager():
     compiled = run_chunks(LeanRunner(model, capacity=64, compile=True), ids)
     for (_, _, a, _), (_, _, b, _) in zip(eager, compiled):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_linear_with_bias_and_fused_outputs_match_f_linear():
+    """A fused Linear of several biased projections returns each projection's F.linear output."""
+    g = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(n, 16, generator=g), torch.randn(n, generator=g)) for n in (8, 4, 4)]
+    weights[1] = (weights[1][0], None)  # a projection without a bias next to biased ones
+    x = torch.randn(5, 16, generator=g)
+    for backend in ("eager", "onednn"):
+        if unavailable_reason(backend, torch.float32):
+            continue
+        outs = kernels.Linear(weights, torch.float32, backend)(x)
+        assert [o.shape for o in outs] == [(5, 8), (5, 4), (5, 4)]
+        for o, (w, b) in zip(outs, weights):
+            torch.testing.assert_close(o, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_unavailable_backend_falls_back_to_eager_with_a_warning(monkeypatch):
+    monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "pretend this CPU has none")
+    monkeypatch.setattr(kernels, "_probe_cache", {})
+    model = llama(0)
+    with pytest.warns(UserWarning, match="onednn.*pretend this CPU has none.*eager"):
+        runner = LeanRunner(model, backend="onednn")
+    assert runner.backend == "eager"
+    ids = torch.tensor([0, 3, 4])
+    torch.testing.assert_close(runner.forward(ids), LeanRunner(model).forward(ids))
+
+
+def test_failing_compile_falls_back_to_eager_with_a_warning(monkeypatch):
+    from specrepro import lean
+
+    def broken(*args):
+        raise RuntimeError("no C++ compiler")
+
+    model = llama(0)
+    runner = LeanRunner(model, compile=True)
+    runner._block.fn = broken
+    ids = torch.tensor([0, 3, 4])
+    with pytest.warns(UserWarning, match="torch.compile.*failed.*no C\\+\\+ compiler"):
+        out = runner.forward(ids)
+    torch.testing.assert_close(out, LeanRunner(model).forward(ids))
+    assert runner._block.fn is lean._block
+
+
+def test_bad_runner_settings_are_clear_errors():
+    model = llama(0)
+    with pytest.raises(ValueError, match="unknown linear backend 'mkl'"):
+        LeanRunner(model, backend="mkl")
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        LeanRunner(model, dtype="bfloat16")
+    with pytest.raises(ValueError, match="compile=True needs backend='eager'"):
+        LeanRunner(model, compile=True, backend="onednn")
 
 
 def test_causal_mask_block_over_prefix():
@@ -115,26 +176,33 @@ def smollm():
 
 
 @pytest.mark.slow
-def test_lean_matches_hf_on_real_target(smollm):
+@pytest.mark.parametrize("backend", ["eager", ONEDNN])
+def test_lean_matches_hf_on_real_target(smollm, backend):
     model, _ = smollm
     ids = torch.randint(0, model.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0))
-    lean, hf = LeanRunner(model, capacity=8, keep_hidden=True), HFRunner(model, keep_hidden=True)
+    lean, hf = LeanRunner(model, capacity=8, keep_hidden=True, backend=backend), HFRunner(model, keep_hidden=True)
     for (_, _, a, ha), (_, _, b, hb) in zip(run_chunks(lean, ids), run_chunks(hf, ids)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(ha, hb, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
-def test_greedy_sps_on_real_target_with_lean_runners(smollm):
-    from specrepro.bench import truncated_draft
+@pytest.mark.parametrize("backend", ["eager", ONEDNN])
+def test_greedy_sps_on_real_target_with_lean_runners(smollm, backend):
+    from specrepro.workloads import truncated_draft
 
     model, tokenizer = smollm
     draft = truncated_draft(model, 4)
     prompt = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids[0]
     kw = dict(max_new_tokens=16, temperature=0.0)
     ars = sr.autoregressive_generate(model, prompt, **kw)
+    hf = model.generate(prompt.view(1, -1), max_new_tokens=16, do_sample=False)[0, prompt.shape[0]:]
     sps_hf = sr.speculative_generate(model, draft, prompt, lookahead=3, **kw)
-    sps_lean = sr.speculative_generate(LeanRunner(model), LeanRunner(draft), prompt, lookahead=3, **kw)
+    target = LeanRunner(model, backend=backend)
+    ars_lean = sr.autoregressive_generate(target, prompt, **kw)
+    sps_lean = sr.speculative_generate(target, LeanRunner(draft, backend=backend), prompt, lookahead=3, **kw)
+    assert torch.equal(ars.tokens, hf)
+    assert torch.equal(ars.tokens, ars_lean.tokens)
     assert torch.equal(ars.tokens, sps_hf.tokens)
     assert torch.equal(ars.tokens, sps_lean.tokens)
     assert sps_hf.accepted == sps_lean.accepted

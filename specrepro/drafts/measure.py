@@ -18,7 +18,6 @@ from .trainer import FREE_KINDS, KINDS
 from .. import experiments as ex
 from ..bench import parse_ks
 from ..lean import set_threads
-from ..models import load_model
 
 COLUMNS = ["draft", "task", "temperature", "K", "a", "acceptance_rate", "tau", "c", "v", "speedup",
            "predicted_speedup", "ms_per_token"]
@@ -34,7 +33,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--code", type=int, default=2, help="HumanEval prompts")
     parser.add_argument("--temps", type=float, nargs="*", default=[0.0, 1.0])
     parser.add_argument("--new-tokens", type=int, default=24)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the target's compute dtype; auto: sr.tune measures both here and keeps the faster")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable CPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", default="runs/measure/drafts.jsonl", help="per-item records, for resuming")
@@ -52,13 +52,14 @@ def main(argv=None) -> list[dict]:
     if any(t < 0 for t in args.temps):
         parser.error(f"--temps must be >= 0, got {args.temps}")
     threads = set_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    target, tokenizer = load_model("smollm2-135m-instruct", dtype=dtype)
+    target, tokenizer = ex.load_target("smollm2-135m-instruct", args.dtype)
+    # one tuned runner for every draft, so all rows share one ArS baseline (tuned for a free draft)
+    runner, tuned = ex.tuned_target(target, ex.make_draft("lookup", target), args.dtype, threads)
     prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
     rows = ex.measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
-                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=dtype)
-    meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads}
+                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=target.dtype, runner=runner)
+    meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
     out = Path(args.out)
     ex.write_outputs(out.parent, out.name, rows, meta)
     print(ex.markdown_table(rows, COLUMNS, digits=3))

@@ -1,0 +1,146 @@
+"""The bench's tables: per-configuration summaries with paired ratios, the headline comparisons, and the
+CSV/JSON written beside them.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from pathlib import Path
+
+from .speedup import acceptance_mle, loop_cost_bound, predicted_speedup
+
+
+def config_name(impl: str, runner: str, mode: str, k: int = 0, schedule: str = "") -> str:
+    """A configuration's name in the tables, e.g. ours_sps/lean/greedy/K4."""
+    parts = [impl, runner, mode] + ([f"K{k}"] if k else []) + [schedule]
+    return "/".join(p for p in parts if p)
+
+def summarise(rows: list[dict], costs: dict) -> list[dict]:
+    by = {}
+    for r in rows:
+        by.setdefault(r["name"], []).append(r)
+    per = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+    # ours vs ours: decode time only (the prompt pass, equal for both, would pull ratios toward 1)
+    per_decode = {(r["name"], r["rep"], r["prompt"]): r["decode_ms_per_token"] for r in rows if "decode_ms_per_token" in r}
+    out = []
+    for name, rs in by.items():
+        first = rs[0]
+        mode, runner, k = first["mode"], first["runner"], first["k"]
+        ms = statistics.median(r["ms_per_token"] for r in rs)
+
+        def ratio(ref_name, table=per, key="ms_per_token"):  # paired: same prompt and repetition
+            pairs = [table[(ref_name, r["rep"], r["prompt"])] / r[key] for r in rs
+                     if (ref_name, r["rep"], r["prompt"]) in table]
+            return statistics.median(pairs) if pairs else None
+
+        row = dict(
+            name=name, impl=first["impl"], runner=runner, mode=mode, k=k, schedule=first["schedule"], runs=len(rs),
+            ms_per_token=ms, tokens_per_s=1e3 / ms,
+            decode_ms_per_token=(
+                statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
+            ),
+            ratio_to_ours_ars_hf=ratio(config_name("ours_ars", "hf", mode)),
+            speedup_vs_same_runner_ars=(
+                ratio(config_name("ours_ars", runner, mode), per_decode, "decode_ms_per_token")
+                if first["impl"].startswith("ours") else None
+            ),
+        )
+        proposed = sum(r["proposed"] for r in rs)
+        if first["impl"] == "ours_sps" and proposed:
+            loop_acc = sum((r["loop_accepted"] for r in rs), [])
+            loop_prop = sum((r["loop_proposed"] for r in rs), [])
+            tokens = sum(r["tokens"] for r in rs)
+            a = acceptance_mle(loop_acc, loop_prop)
+            row.update(acceptance_rate=sum(r["accepted"] for r in rs) / proposed, a=a,
+                       tau=tokens / sum(r["target_calls"] for r in rs), mean_proposed=proposed / len(loop_prop))
+            cost = costs.get(runner, {})
+            if "c" in cost and k in cost.get("v", {}):
+                row.update(c=cost["c"], v=cost["v"][k], bound=loop_cost_bound(tokens, loop_prop, cost["c"], cost["v"]))
+                if first["schedule"] != "adaptive":  # the i.i.d. prediction assumes K drafts per loop
+                    row["predicted"] = predicted_speedup(a, k, cost["c"], cost["v"][k])
+                if row["speedup_vs_same_runner_ars"]:
+                    if "predicted" in row:
+                        row["measured_over_predicted"] = row["speedup_vs_same_runner_ars"] / row["predicted"]
+                    row["measured_over_bound"] = row["speedup_vs_same_runner_ars"] / row["bound"]
+        out.append(row)
+    return out
+
+COLUMNS = [
+    "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
+    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
+    "predicted", "measured_over_predicted", "bound", "measured_over_bound",
+]
+
+def paired_speedup(rows: list[dict], name: str, reference: str) -> float | None:
+    """Median over (repetition, prompt) of reference ms/token / name ms/token: > 1 means `name` is faster."""
+    ms = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+    pairs = [ms[(reference, rep, pr)] / v for (n, rep, pr), v in ms.items() if n == name and (reference, rep, pr) in ms]
+    return statistics.median(pairs) if pairs else None
+
+def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
+    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster).
+
+    ars_vs_hf_generate: our fastest ArS against HF generate(). fastest_sps_vs_fastest_ars: our fastest SpS
+    (any runner, any K) against our fastest ArS (any runner), whole generations including the prompt pass. sps_vs_hf_assisted: our fastest fixed-K SpS
+    against HF assisted generation with the same draft at the same K (its fastest schedule). Also the
+    speedup of that SpS over our ArS on the same runner with measured/predicted, and the adaptive
+    lookahead against the best fixed K.
+    """
+    out = []
+    for mode in sorted({r["mode"] for r in summary}):
+        mine = [r for r in summary if r["mode"] == mode]
+        pick = lambda rs: min(rs, key=lambda r: r["ms_per_token"]) if rs else None  # noqa: E731
+        ars = pick([r for r in mine if r["impl"] == "ours_ars"])
+        sps = pick([r for r in mine if r["impl"] == "ours_sps" and r["schedule"] != "adaptive"])
+        gen = pick([r for r in mine if r["impl"] == "hf_generate"])
+        line = {"mode": mode, "ours_ars": ars and ars["name"], "ours_sps": sps and sps["name"]}
+        if ars and gen:
+            line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])
+        if sps and ars:  # what a user would pick: the fastest SpS against the fastest ArS, any runner each
+            line["fastest_sps_vs_fastest_ars"] = paired_speedup(rows, sps["name"], ars["name"])
+        if sps:
+            line.update(best_k=sps["k"], sps_speedup=sps["speedup_vs_same_runner_ars"],
+                        measured_over_predicted=sps.get("measured_over_predicted"),
+                        measured_over_bound=sps.get("measured_over_bound"))
+            assisted = pick([r for r in mine if r["impl"] == "hf_assisted" and r["k"] == sps["k"]])
+            if assisted:
+                line.update(hf_assisted=assisted["name"],
+                            sps_vs_hf_assisted=paired_speedup(rows, sps["name"], assisted["name"]))
+            best_any = pick([r for r in mine if r["impl"] == "hf_assisted"])
+            if best_any:
+                line.update(hf_assisted_best=best_any["name"],
+                            sps_vs_hf_assisted_best=paired_speedup(rows, sps["name"], best_any["name"]))
+            adaptive = pick([r for r in mine if r["schedule"] == "adaptive" and r["runner"] == sps["runner"]])
+            if adaptive:
+                line.update(adaptive=adaptive["name"], adaptive_vs_best_fixed=paired_speedup(rows, adaptive["name"], sps["name"]))
+        out.append(line)
+    return out
+
+def format_table(summary: list[dict]) -> str:
+    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred",
+            "meas/pred", "bound", "meas/bnd"]
+    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars",
+            "a", "tau", "c", "v", "predicted", "measured_over_predicted", "bound", "measured_over_bound"]
+    lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
+    for row in summary:
+        cells = [("" if row.get(k) is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k])) for k in keys]
+        lines.append(f"{row['name']:40s}" + "".join(f"{c:>11s}" for c in cells))
+    return "\n".join(lines)
+
+def write_results(result: dict, out: str | os.PathLike, meta: dict | None = None) -> tuple[Path, Path]:
+    """<out>.csv (the summary) and <out>.json (summary, costs, every run, meta), each written atomically."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")
+    tmp = csv_path.with_name(f".{csv_path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result["summary"])
+    os.replace(tmp, csv_path)
+    tmp = json_path.with_name(f".{json_path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"meta": meta or {}, **result}, indent=1, default=str))
+    os.replace(tmp, json_path)
+    return csv_path, json_path

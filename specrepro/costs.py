@@ -1,0 +1,115 @@
+"""The one cost measurement behind every speed number: c (a draft step / a one-token target pass) and
+v(K) (a target pass over K + 1 tokens / a one-token pass), as in Leviathan et al.'s speedup model.
+
+Used by the bench, the notebooks' sweeps, `python -m specrepro.drafts.measure` and `specrepro.tune`, so
+the c and v(K) in the README, the figures and tune's choice are one quantity measured one way:
+- the target (an HF model, or any runner: HFRunner, LeanRunner, a tuned setting's runner) first caches
+  `prefix`; each timed pass then feeds n random token ids after it and is rolled back, for every
+  n in 1..max(K) + 1 (loops that propose fewer than K tokens are costed too);
+- a draft step is one propose() of one token after the same prefix (for a model draft one forward of one
+  token, for prompt lookup its n-gram search), after an untimed call that caches the prefix;
+- repetitions are interleaved over sizes and over the pairs measured together, and medians are kept.
+Keys are ints; `from_json` restores them after a JSON round trip.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .runners import HFRunner
+from .sampling import SamplingConfig
+
+
+def as_runner(target, keep_hidden: bool = False):
+    """A runner as is (keep_hidden switched on if asked), an HF model wrapped in an HFRunner."""
+    if hasattr(target, "rollback"):
+        target.keep_hidden = target.keep_hidden or keep_hidden
+        return target
+    return HFRunner(target, keep_hidden=keep_hidden)
+
+
+def _sync(device) -> None:
+    """Wait for queued GPU work, so a wall-clock interval covers the pass itself (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _vocab(runner) -> int:
+    from .runners import vocab_size
+
+    return getattr(runner, "vocab_size", None) or vocab_size(runner.model)
+
+
+@torch.inference_mode()
+def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0) -> dict:
+    """{name: costs} for several (target, draft or None) pairs measured interleaved, e.g. one per runner.
+
+    costs: {"target_ms": {n: median ms of a pass over n tokens}, "v": {K: target_ms[K+1] / target_ms[1]},
+    and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}.
+    """
+    from .drafts.base import as_draft
+
+    ks = [int(k) for k in ks if int(k) > 0] or [1]
+    sizes = list(range(1, max(ks) + 2))
+    prefix = prefix.view(-1)
+    if prefix.shape[0] < 2:
+        raise ValueError("measure_costs needs a prefix of at least 2 tokens")
+    g = torch.Generator().manual_seed(seed)
+    greedy = SamplingConfig(0.0)
+    state = {}
+    for name, (target, draft) in pairs.items():
+        proposer = as_draft(draft) if draft is not None else None
+        wants = bool(proposer is not None and proposer.wants_target_hidden)
+        runner = as_runner(target, keep_hidden=wants)
+        runner.reset()
+        runner.forward(prefix[:-1].to(runner.device))
+        hidden = runner.hidden if wants else None  # the prompt's target features, for feature drafts
+        runner.forward(prefix[-1:].to(runner.device))
+        if proposer is not None:
+            proposer.reset()
+            proposer.propose(prefix, 1, greedy, g, hidden)  # caches the prefix in the draft
+        state[name] = dict(runner=runner, proposer=proposer, hidden=hidden, base=runner.length,
+                           times={n: [] for n in sizes}, draft=[])
+    vocab = {name: _vocab(s["runner"]) for name, s in state.items()}
+    for _ in range(reps):
+        for name, s in state.items():
+            runner = s["runner"]
+            for n in sizes:
+                ids = torch.randint(0, vocab[name], (n,), generator=g).to(runner.device)
+                runner.rollback(s["base"])
+                _sync(runner.device)
+                t = time.perf_counter()
+                runner.forward(ids)
+                _sync(runner.device)
+                s["times"][n].append(time.perf_counter() - t)
+            runner.rollback(s["base"])
+            if s["proposer"] is not None:
+                t = time.perf_counter()
+                s["proposer"].propose(prefix, 1, greedy, g, s["hidden"])  # one step, as inside a loop
+                _sync(runner.device)
+                s["draft"].append(time.perf_counter() - t)
+    out = {}
+    for name, s in state.items():
+        target_ms = {n: 1e3 * statistics.median(v) for n, v in s["times"].items()}
+        entry = {"target_ms": target_ms, "v": {k: target_ms[k + 1] / target_ms[1] for k in range(1, max(ks) + 1)}}
+        if s["draft"]:
+            entry["draft_ms"] = 1e3 * statistics.median(s["draft"])
+            entry["c"] = entry["draft_ms"] / target_ms[1]
+        out[name] = entry
+    return out
+
+
+def measure_costs(target, draft, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0) -> dict:
+    """Costs of one (target, draft) pair: see measure_cost_table."""
+    return measure_cost_table({"": (target, draft)}, prefix, ks, reps, seed)[""]
+
+
+def from_json(costs: dict) -> dict:
+    """The same costs with the int keys a JSON round trip turned into strings."""
+    out = dict(costs)
+    for name in ("target_ms", "v"):
+        if name in out:
+            out[name] = {int(k): v for k, v in out[name].items()}
+    return out

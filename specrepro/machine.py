@@ -1,0 +1,88 @@
+"""What machine the numbers come from: CPU model and the instruction-set flags that decide kernel speed,
+and a memory-bandwidth probe that gives the floor under a memory-bound forward pass.
+
+The project's machines are not one CPU kind (AVX512-BF16 on some, AVX2 only on others), and a dtype or
+kernel that wins on one can lose on the other, so every benchmark record carries `cpu_info()`.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+# environment variables that cap the instruction sets torch's kernels use (ATen, oneDNN, MKL): with them a
+# CPU runs as an older kind (e.g. AVX2 only on an AVX512 machine), so they belong to the machine's identity
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+# flags that change which matrix kernels a CPU library can use (x86: SIMD width, bf16/int8 dot products, AMX)
+KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+
+
+def cpu_info() -> dict:
+    """{"model", "flags" (the kernel-relevant subset, sorted), "cores" usable by this process, "arch",
+    "isa_limits" (the ISA_LIMITS variables that are set)}."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                name = name.strip()
+                if name in ("model name", "Model") and not model:
+                    model = value.strip()
+                elif name in ("flags", "Features"):  # x86, Arm
+                    flags.update(value.split())
+    except OSError:  # not Linux: the platform module's words are all there is
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limits = {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
+    return {"model": model or platform.processor() or platform.machine(), "flags": sorted(flags.intersection(KERNEL_FLAGS)),
+            "cores": cores, "arch": platform.machine(), "isa_limits": limits}
+
+
+def describe_cpu(info: dict | None = None) -> str:
+    """'AMD EPYC (2 cores; avx2 avx512_bf16 ...)': the line printed beside benchmark numbers."""
+    info = info or cpu_info()
+    limits = "".join(f"; {k}={v}" for k, v in info.get("isa_limits", {}).items())
+    return f"{info['model']} ({info['cores']} cores; {' '.join(info['flags']) or 'no SIMD flags read'}{limits})"
+
+
+def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
+    """Memory bandwidth in GB/s as torch copies a buffer larger than any cache (bytes read + written).
+
+    Uses torch's current thread count, like the forward passes it is compared with.
+    """
+    n = megabytes * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults are not bandwidth
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return 2 * n * 4 / statistics.median(times) / 1e9
+
+
+def weight_bytes(runner_or_model, dtype: torch.dtype | None = None) -> int:
+    """Bytes a forward pass must stream at least once: every parameter (a tied head counted once)."""
+    model = getattr(runner_or_model, "model", runner_or_model)
+    dtype = dtype or getattr(runner_or_model, "dtype", None)
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        size = torch.finfo(dtype).bits // 8 if dtype is not None else p.element_size()
+        total += p.numel() * size
+    return total
+
+
+def memory_floor(runner_or_model, dtype: torch.dtype | None = None, bandwidth_gbs: float | None = None) -> dict:
+    """The time one memory-bound pass cannot beat: weight bytes / copy bandwidth, measured now."""
+    bandwidth = bandwidth_gbs or copy_bandwidth()
+    nbytes = weight_bytes(runner_or_model, dtype)
+    return {"weight_bytes": nbytes, "copy_bandwidth_gbs": bandwidth, "floor_ms": 1e3 * nbytes / (bandwidth * 1e9)}

@@ -1,0 +1,390 @@
+"""sr.tune: measure this machine once, pick the fastest exact setting for a target (and a draft).
+
+    setting = sr.tune(target, draft=None)
+    gen = sr.speculative_generate(setting.target, draft, ids, lookahead=setting.lookahead)
+
+Candidates are (dtype, linear backend, torch threads[, torch.compile]) for the lean runner (an HF runner
+for models it cannot run). For each, the target's pass over n = 1..17 tokens is timed after a cached
+prefix (specrepro.costs, the same measurement as the bench and the notebooks), and so is one draft step.
+The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
+E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
+setting and K with the least expected time per token win; without one, the fastest one-token pass.
+The acceptance rate a is `acceptance` if given, else measured by a short SpS run on `prompt` if given;
+with neither, K = DEFAULT_LOOKAHEAD (the paper's Table 1 setting) and the settings are ranked at that K.
+
+Every candidate computes the same weights in its dtype: no quantisation. float32 candidates are exact
+against the HF model; bfloat16 ones are exact for bfloat16 (pass `dtypes=(torch.float32,)` to forbid it).
+Results are cached per machine under $SPECREPRO_HOME/tune/: the key holds the CPU model and kernel flags,
+the usable cores, the torch version, the target's (and draft's) identity and the candidate list, so
+another CPU kind, another torch or another model measures afresh. tune() sets torch's thread count to
+the chosen one (a global setting: the runner's speed depends on it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .costs import from_json, measure_cost_table
+from .kernels import BACKENDS, unavailable_reason
+from .machine import cpu_info, describe_cpu
+from .models import specrepro_home
+from .results import write_json
+from .speedup import acceptance_mle, expected_tokens
+
+TUNE_VERSION = 1  # bump when the measurement or the choice changes: old cache entries are then ignored
+DEFAULT_LOOKAHEAD = 4
+MAX_TUNE_LOOKAHEAD = 16
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dtype: str
+    backend: str
+    threads: int
+    compile: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.dtype}/{self.backend}/{self.threads}t" + ("/compiled" if self.compile else "")
+
+
+@dataclass
+class Setting:
+    """What tune returns: a runner to pass as `target`, the chosen K (and tree), and why."""
+
+    target: object
+    lookahead: int
+    candidate: Candidate
+    tree: object | None = None
+    report: dict = field(default_factory=dict)
+
+
+def tune(
+    target,
+    draft=None,
+    acceptance: float | None = None,
+    prompt: torch.Tensor | None = None,
+    dtypes=("float32", "bfloat16"),
+    backends=BACKENDS,
+    threads=None,
+    compile: bool = False,
+    max_lookahead: int = MAX_TUNE_LOOKAHEAD,
+    reps: int = 2,
+    cache: bool = True,
+    temperature: float = 1.0,
+) -> Setting:
+    """Measure the candidate settings on this machine (or reuse the cached measurement) and pick one.
+
+    target: an HF causal LM. draft: anything speculative_generate takes (costed per candidate).
+    acceptance: an estimate of the draft's per-token acceptance a in [0, 1); prompt: token ids to measure
+    a on (a short SpS run at `temperature`) when no estimate is given. threads: thread counts to try
+    (default: 1 and all usable cores). compile: also try torch.compile'd runners (slow to build).
+    """
+    dtypes = [_check_dtype(d) for d in dtypes]
+    threads = _check_threads(threads)
+    if acceptance is not None and not (isinstance(acceptance, (int, float)) and 0 <= acceptance < 1):
+        raise ValueError(f"acceptance must be a number in [0, 1), got {acceptance!r}")
+    if not isinstance(max_lookahead, int) or not 1 <= max_lookahead <= MAX_TUNE_LOOKAHEAD:
+        raise ValueError(f"max_lookahead must be an integer in 1..{MAX_TUNE_LOOKAHEAD}, got {max_lookahead!r}")
+    for b in backends:
+        if b not in BACKENDS:
+            raise ValueError(f"unknown linear backend {b!r}; choose from {', '.join(BACKENDS)}")
+    candidates = candidate_settings(target, dtypes, backends, threads, compile)
+    machine = cpu_info()
+    key = cache_key(machine, target, draft, candidates, max_lookahead)
+    path = specrepro_home() / "tune" / f"{key}.json"
+    measured = _read_cache(path) if cache else None
+    cached = measured is not None
+    if measured is None:
+        start = time.perf_counter()
+        measured = measure_candidates(target, draft, candidates, max_lookahead, reps)
+        measured["seconds"] = time.perf_counter() - start
+        if cache:
+            write_json(path, {"key": key, "version": TUNE_VERSION, "machine": machine, **measured})
+    a_source = "given" if acceptance is not None else None
+    if acceptance is None and draft is not None and prompt is not None:
+        best_guess = choose(measured["costs"], draft is not None, None)
+        acceptance = estimate_acceptance(target, draft, prompt, best_guess["candidate"], best_guess["lookahead"],
+                                         temperature)
+        a_source = f"measured on the prompt ({prompt.numel()} tokens) at T={temperature:g}"
+    choice = choose(measured["costs"], draft is not None, acceptance, max_lookahead)
+    cand = Candidate(**choice["candidate"])
+    torch.set_num_threads(cand.threads)
+    report = {
+        "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": str(path),
+        "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
+        "acceptance_source": a_source, **choice, "costs": measured["costs"], "skipped": measured.get("skipped", {}),
+    }
+    return Setting(target=build_runner(target, cand), lookahead=choice["lookahead"], candidate=cand,
+                   report=report)
+
+
+def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list[Candidate]:
+    """Every (dtype, backend, threads[, compile]) to measure; the lean runner's knobs only where it applies."""
+    from .lean import is_llama_like
+
+    if not is_llama_like(target):  # an HF runner in the model's own dtype: only threads vary
+        dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+        return [Candidate(dtype, "hf", t) for t in threads]
+    out = []
+    for d in dtypes:
+        for b in backends:
+            for t in threads:
+                out.append(Candidate(d, b, t))
+                if compile and b == "eager":  # the lean runner compiles eager linears only
+                    out.append(Candidate(d, b, t, True))
+    return out
+
+
+def build_runner(target, cand: Candidate):
+    from .lean import LeanRunner
+    from .runners import HFRunner
+
+    if cand.backend == "hf":
+        return HFRunner(target)
+    return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, compile=cand.compile)
+
+
+def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead: int, reps: int,
+                       keep: int = 2) -> dict:
+    """{"costs": {candidate name: costs + the candidate}, "skipped": {name: why}}; threads restored after.
+
+    Every (dtype, backend) is measured at the largest thread count; at the other thread counts only the
+    `keep` best of them (by the cost of a one-token plus a five-token pass), which keeps tune to seconds.
+    """
+    before = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, _vocab(target), (32,), generator=g)
+    costs, skipped = {}, {}
+    counts = sorted({c.threads for c in candidates}, reverse=True)
+    try:
+        for i, t in enumerate(counts):
+            torch.set_num_threads(t)
+            todo = [c for c in candidates if c.threads == t]
+            if i:
+                ranked = sorted(costs.values(), key=lambda e: e["target_ms"][1] + e["target_ms"][min(5, max_lookahead + 1)])
+                best = [(e["candidate"]["dtype"], e["candidate"]["backend"], e["candidate"]["compile"]) for e in ranked[:keep]]
+                for c in todo:
+                    if (c.dtype, c.backend, c.compile) not in best:
+                        skipped[c.name] = f"not measured: slower than the {keep} best settings at {counts[0]} threads"
+                todo = [c for c in todo if (c.dtype, c.backend, c.compile) in best]
+            for cand in todo:
+                entry = _measure_one(target, draft, cand, prefix, max_lookahead, reps)
+                if isinstance(entry, str):
+                    skipped[cand.name] = entry
+                else:
+                    costs[cand.name] = entry
+    finally:
+        torch.set_num_threads(before)
+    if not costs:
+        raise RuntimeError(f"no candidate setting could be measured: {skipped}")
+    return {"costs": costs, "skipped": skipped}
+
+
+def _measure_one(target, draft, cand: Candidate, prefix, max_lookahead: int, reps: int) -> dict | str:
+    """The candidate's costs, or why it could not run here."""
+    from .drafts.base import as_draft
+
+    if cand.backend != "hf":
+        reason = unavailable_reason(cand.backend, DTYPES[cand.dtype], _device(target))
+        if reason:
+            return reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a compile that falls back is measured as what it ran
+        runner = build_runner(target, cand)
+    proposer = as_draft(draft) if draft is not None else None
+    entry = measure_cost_table({cand.name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps)
+    return {"candidate": dataclasses.asdict(cand), **entry[cand.name]}
+
+
+def choose(costs: dict, has_draft: bool, acceptance: float | None, max_lookahead: int = MAX_TUNE_LOOKAHEAD) -> dict:
+    """The winning candidate and K from a cost table (pure: tests feed it fake tables).
+
+    Returns {"candidate", "lookahead", "ms_per_token" (expected), "ars_ms_per_token" of that candidate,
+    "fastest_ars" (the candidate with the fastest one-token pass), "ranking" (best first), "why"}.
+    """
+    rows = []
+    for name, entry in costs.items():
+        entry = from_json(entry)
+        t1 = entry["target_ms"][1]
+        best = (t1, 0)  # ArS
+        if has_draft:
+            ks = [k for k in range(1, max_lookahead + 1) if k + 1 in entry["target_ms"]]
+            if acceptance is None:
+                ks = [k for k in ks if k == DEFAULT_LOOKAHEAD] or ks[:1]
+            a = DEFAULT_ACCEPTANCE_FOR_RANKING if acceptance is None else acceptance
+            best = min(((k * entry.get("draft_ms", 0.0) + entry["target_ms"][k + 1]) / expected_tokens(a, k), k)
+                       for k in ks)
+        rows.append({"name": name, "candidate": entry["candidate"], "ms_per_token": best[0], "lookahead": best[1],
+                     "ars_ms_per_token": t1, "v": {k: entry["v"][k] for k in sorted(entry["v"])}})
+    rows.sort(key=lambda r: r["ms_per_token"])
+    win = rows[0]
+    fastest_ars = min(rows, key=lambda r: r["ars_ms_per_token"])
+    if not has_draft:
+        why = f"fastest one-token pass ({win['ars_ms_per_token']:.1f} ms) of {len(rows)} settings"
+        lookahead = DEFAULT_LOOKAHEAD
+    elif acceptance is None:
+        why = (f"no acceptance estimate: K = {DEFAULT_LOOKAHEAD} (the paper's) and settings ranked by their cost "
+               f"of a K = {DEFAULT_LOOKAHEAD} loop; {win['ms_per_token']:.1f} ms/token expected at a = "
+               f"{DEFAULT_ACCEPTANCE_FOR_RANKING} (ranking only)")
+        lookahead = DEFAULT_LOOKAHEAD
+    else:
+        why = (f"least expected SpS time per token, {win['ms_per_token']:.1f} ms at K = {win['lookahead']} "
+               f"and a = {acceptance:.3f}, of {len(rows)} settings x K = 1..{max_lookahead}")
+        lookahead = max(win["lookahead"], 1)
+    expected_speedup = fastest_ars["ars_ms_per_token"] / win["ms_per_token"] if has_draft and acceptance is not None else None
+    return {"candidate": win["candidate"], "name": win["name"], "lookahead": lookahead,
+            "expected_speedup_over_fastest_ars": expected_speedup,
+            "ms_per_token": win["ms_per_token"], "ars_ms_per_token": win["ars_ms_per_token"],
+            "fastest_ars": {"name": fastest_ars["name"], "ms_per_token": fastest_ars["ars_ms_per_token"]},
+            "ranking": [{k: r[k] for k in ("name", "ms_per_token", "lookahead", "ars_ms_per_token")} for r in rows],
+            "why": why}
+
+
+# At a fixed K the ranking of settings by loop cost does not depend on a; this only scales the number shown.
+DEFAULT_ACCEPTANCE_FOR_RANKING = 0.5
+
+
+def estimate_acceptance(target, draft, prompt, cand: dict, lookahead: int, temperature: float,
+                        max_new_tokens: int = 32) -> float:
+    """The censored MLE of a from one short SpS run (specrepro.speedup.acceptance_mle)."""
+    from .speculative import speculative_generate
+
+    runner = build_runner(target, Candidate(**cand))
+    gen = speculative_generate(runner, draft, prompt, max_new_tokens=max_new_tokens, lookahead=max(lookahead, 1),
+                               temperature=temperature, generator=torch.Generator().manual_seed(0))
+    return min(acceptance_mle(gen.accepted, gen.proposed), 0.99)
+
+
+def cache_key(machine: dict, target, draft, candidates, max_lookahead: int) -> str:
+    ident = {
+        "version": TUNE_VERSION, "cpu": machine["model"], "flags": machine["flags"], "cores": machine["cores"],
+        "arch": machine["arch"], "isa_limits": machine.get("isa_limits", {}), "torch": torch.__version__, "target": model_identity(target),
+        "draft": None if draft is None else model_identity(draft), "device": str(_device(target)),
+        "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def model_identity(obj) -> dict:
+    """What distinguishes one model (or draft) from another for the cache: class, path, shapes, dtype."""
+    model = getattr(obj, "model", None) if not isinstance(obj, torch.nn.Module) else obj
+    ident = {"class": type(obj).__name__}
+    if isinstance(model, torch.nn.Module):
+        config = getattr(model, "config", None)
+        ident.update(model_class=type(model).__name__,
+                     name=getattr(config, "_name_or_path", None) if config is not None else None,
+                     params=sum(p.numel() for p in model.parameters()),
+                     dtype=str(next(model.parameters()).dtype))
+        if config is not None:
+            ident["config"] = {k: getattr(config, k, None) for k in
+                               ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")}
+    for name in ("spec", "max_ngram", "min_ngram", "kind"):
+        if hasattr(obj, name):
+            ident[name] = getattr(obj, name)
+    return ident
+
+
+def _read_cache(path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("version") != TUNE_VERSION or not isinstance(data.get("costs"), dict) or not data["costs"]:
+        return None
+    try:
+        data["costs"] = {name: from_json(entry) for name, entry in data["costs"].items()}
+    except (AttributeError, TypeError, ValueError):  # hand-edited or damaged: measure afresh
+        return None
+    return data
+
+
+def _check_dtype(d) -> str:
+    name = str(d).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {d!r} for tune: choose from {', '.join(DTYPES)}")
+    return name
+
+
+def _check_threads(threads) -> list[int]:
+    from .machine import cpu_info as _info
+
+    if threads is None:
+        cores = _info()["cores"]
+        return sorted({1, cores})
+    threads = [threads] if isinstance(threads, int) else list(threads)
+    if not threads or any(not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in threads):
+        raise ValueError(f"threads must be integers >= 1, got {threads!r}")
+    return sorted(set(threads))
+
+
+def _device(model):
+    return next(model.parameters()).device
+
+
+def _vocab(model) -> int:
+    from .runners import vocab_size
+
+    return vocab_size(model)
+
+
+def main(argv=None) -> dict:
+    """python -m specrepro.tuning [--target ID] [--draft SPEC] [--acceptance A] [--threads N ...] [--no-cache]
+
+    Measures (or reads from the cache) every candidate setting on this machine and prints, per setting, the
+    one-token pass against the memory floor (weight bytes / copy bandwidth) and v(K) for K = 1, 2, 4, 8, 16.
+    """
+    import argparse
+
+    from .machine import copy_bandwidth, weight_bytes
+    from .models import load_model
+    from .workloads import make_draft
+
+    ap = argparse.ArgumentParser(prog="python -m specrepro.tuning", description=main.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--draft", default=None, help="a draft spec (lookup, small, feature, truncated:N, ...)")
+    ap.add_argument("--acceptance", type=float, default=None, help="an estimate of a, to choose K")
+    ap.add_argument("--threads", type=int, nargs="*", default=None)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--out", default=None, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        _check_threads(args.threads)
+    except ValueError as err:
+        ap.error(str(err))
+    model, _ = load_model(args.target)
+    draft = make_draft(args.draft, model) if args.draft else None
+    setting = tune(model, draft, acceptance=args.acceptance, threads=args.threads, reps=args.reps,
+                   cache=not args.no_cache)
+    report = setting.report
+    bandwidth = copy_bandwidth()
+    report["copy_bandwidth_gbs"] = bandwidth
+    print(f"{report['cpu']}; torch {report['torch']}; copy bandwidth {bandwidth:.1f} GB/s "
+          f"(at {torch.get_num_threads()} threads); {'cached' if report['cached'] else 'measured'}")
+    print(f"{'setting':28s} {'1-token ms':>10s} {'floor ms':>9s} {'x floor':>8s}" +
+          "".join(f"{f'v({k})':>8s}" for k in (1, 2, 4, 8, 16)))
+    for name, entry in report["costs"].items():
+        floor = 1e3 * weight_bytes(model, DTYPES[entry["candidate"]["dtype"]]) / (bandwidth * 1e9)
+        entry["floor_ms"] = floor
+        v = entry["v"]
+        print(f"{name:28s} {entry['target_ms'][1]:10.1f} {floor:9.1f} {entry['target_ms'][1] / floor:8.2f}" +
+              "".join(f"{v[k]:8.2f}" if k in v else f"{'':8s}" for k in (1, 2, 4, 8, 16)))
+    for name, why in report["skipped"].items():
+        print(f"{name:28s} skipped: {why}")
+    print(f"chosen: {report['name']}, K = {setting.lookahead}: {report['why']}")
+    if args.out:
+        write_json(args.out, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""sr.tune: the choice on fake cost tables, the per-machine cache and its invalidation, bad settings."""
+import pytest
+import torch
+
+import specrepro as sr
+from specrepro import kernels, machine
+from specrepro import tuning as tune_mod
+from specrepro.lean import LeanRunner
+from specrepro.speedup import expected_tokens
+from specrepro.toy import tiny_llama
+
+
+def llama(seed, layers=2):
+    return tiny_llama(seed, vocab=16, layers=layers)
+
+
+def entry(dtype, backend, threads, t1, slope, draft_ms=None):
+    """A fake cost table row: a pass over n tokens costs t1 + slope * (n - 1) ms."""
+    target_ms = {n: t1 + slope * (n - 1) for n in range(1, 18)}
+    out = {"candidate": {"dtype": dtype, "backend": backend, "threads": threads, "compile": False},
+           "target_ms": target_ms, "v": {k: target_ms[k + 1] / t1 for k in range(1, 17)}}
+    if draft_ms is not None:
+        out.update(draft_ms=draft_ms, c=draft_ms / t1)
+    return out
+
+
+def table(draft_ms=None):
+    return {
+        "fp32-flat": entry("float32", "onednn", 2, 40.0, 1.0, draft_ms),  # slow one-token pass, flat verify
+        "bf16-steep": entry("bfloat16", "eager", 2, 30.0, 8.0, draft_ms),  # fast one-token pass, steep verify
+    }
+
+
+def test_choose_without_a_draft_takes_the_fastest_one_token_pass():
+    choice = tune_mod.choose(table(), has_draft=False, acceptance=None)
+    assert choice["name"] == "bf16-steep"
+    assert choice["fastest_ars"]["name"] == "bf16-steep"
+
+
+def test_choose_with_a_draft_minimises_expected_time_per_token_over_settings_and_k():
+    costs = table(draft_ms=1.0)
+    a = 0.8
+    choice = tune_mod.choose(costs, has_draft=True, acceptance=a, max_lookahead=16)
+    # brute force over the same table
+    best = min(((k * 1.0 + e["target_ms"][k + 1]) / expected_tokens(a, k), name, k)
+               for name, e in costs.items() for k in range(1, 17))
+    assert (choice["name"], choice["lookahead"]) == (best[1], best[2])
+    assert choice["name"] == "fp32-flat"  # a flat verify cost beats a cheaper one-token pass at high a
+    assert choice["ms_per_token"] == pytest.approx(best[0])
+    assert choice["expected_speedup_over_fastest_ars"] == pytest.approx(30.0 / best[0])
+    # at a low acceptance a short K on the fast one-token pass wins instead
+    low = tune_mod.choose(costs, has_draft=True, acceptance=0.05)
+    assert low["name"] == "bf16-steep" and low["lookahead"] == 1
+
+
+def test_choose_without_an_acceptance_estimate_ranks_at_the_papers_k():
+    choice = tune_mod.choose(table(draft_ms=1.0), has_draft=True, acceptance=None)
+    assert choice["lookahead"] == tune_mod.DEFAULT_LOOKAHEAD
+    # K = 4 loop: fp32 4 + 44 = 48 ms, bf16 4 + 62 = 66 ms
+    assert choice["name"] == "fp32-flat"
+    assert "no acceptance estimate" in choice["why"]
+    assert choice["expected_speedup_over_fastest_ars"] is None
+
+
+def test_choose_reads_json_round_tripped_tables():
+    import json
+
+    costs = json.loads(json.dumps(table(draft_ms=1.0)))  # int keys become strings
+    assert tune_mod.choose(costs, True, 0.8)["name"] == "fp32-flat"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECREPRO_HOME", str(tmp_path))
+    return tmp_path
+
+
+def small_tune(model, **kw):
+    return sr.tune(model, max_lookahead=3, threads=[1], reps=1, **kw)
+
+
+def test_tune_returns_a_runner_that_generates_like_the_model(home):
+    model = llama(0)
+    setting = small_tune(model, dtypes=["float32"])
+    assert isinstance(setting.target, LeanRunner)
+    assert setting.tree is None and setting.lookahead == tune_mod.DEFAULT_LOOKAHEAD
+    report = setting.report
+    assert report["machine"]["flags"] == machine.cpu_info()["flags"] and report["cpu"]
+    assert report["cached"] is False and set(report["costs"]) == {"float32/eager/1t", "float32/onednn/1t"} - set(
+        report["skipped"])
+    prompt = torch.tensor([0, 4, 9])
+    kw = dict(max_new_tokens=12, temperature=0.0)
+    assert torch.equal(sr.autoregressive_generate(setting.target, prompt, **kw).tokens,
+                       sr.autoregressive_generate(model, prompt, **kw).tokens)
+    assert torch.get_num_threads() == 1  # tune applies the chosen thread count
+
+
+def test_tune_with_a_draft_costs_it_and_picks_k(home):
+    model, draft = llama(0), llama(3, layers=1)
+    setting = small_tune(model, draft=draft, acceptance=0.7, dtypes=["float32"], backends=["eager"])
+    entry_ = setting.report["costs"]["float32/eager/1t"]
+    assert entry_["draft_ms"] > 0 and set(entry_["v"]) == {1, 2, 3}
+    assert 1 <= setting.lookahead <= 3 and setting.report["acceptance_source"] == "given"
+    measured = small_tune(model, draft=draft, prompt=torch.tensor([0, 4, 9, 4, 9]), dtypes=["float32"],
+                          backends=["eager"])
+    assert 0 <= measured.report["acceptance"] < 1 and "measured" in measured.report["acceptance_source"]
+
+
+def test_tune_cache_is_reused_and_keyed_by_machine_torch_and_model(home, monkeypatch):
+    model = llama(0)
+    calls = []
+    real = tune_mod.measure_candidates
+    monkeypatch.setattr(tune_mod, "measure_candidates", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kw = dict(dtypes=["float32"], backends=["eager"])
+    first = small_tune(model, **kw)
+    again = small_tune(model, **kw)
+    assert len(calls) == 1 and again.report["cached"] and again.report["costs"] == first.report["costs"]
+    assert len(list((home / "tune").glob("*.json"))) == 1
+
+    real_info = machine.cpu_info
+    monkeypatch.setattr(tune_mod, "cpu_info", lambda: {**real_info(), "flags": sorted(real_info()["flags"] + ["amx_bf16"])})
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 2  # another CPU kind
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # the same CPU capped to an older instruction set
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 3
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 4  # another torch
+    assert not small_tune(llama(5, layers=3), **kw).report["cached"] and len(calls) == 5  # another target
+    assert small_tune(model, **kw).report["cached"] and len(calls) == 5
+    # a damaged cache file is measured afresh, not trusted
+    for f in (home / "tune").glob("*.json"):
+        f.write_text("{not json")
+    assert not small_tune(model, **kw).report["cached"] and len(calls) == 6
+
+
+def test_unavailable_backend_is_skipped_with_its_reason(home, monkeypatch):
+    monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "no oneDNN here (test)")
+    monkeypatch.setattr(kernels, "_probe_cache", {})
+    setting = small_tune(llama(0), dtypes=["float32"], cache=False)
+    assert setting.report["skipped"] == {"float32/onednn/1t": "no oneDNN here (test)"}
+    assert setting.candidate.backend == "eager"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"dtypes": ["float16"]}, "unknown dtype 'float16'"),
+    ({"threads": 0}, "threads must be integers >= 1"),
+    ({"threads": [2, -1]}, "threads must be integers >= 1"),
+    ({"acceptance": 1.0}, r"acceptance must be a number in \[0, 1\)"),
+    ({"backends": ["mkl"]}, "unknown linear backend 'mkl'"),
+    ({"max_lookahead": 0}, "max_lookahead must be an integer in 1..16"),
+])
+def test_bad_tune_settings_are_clear_errors(home, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sr.tune(llama(0), **kwargs)
