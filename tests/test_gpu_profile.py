@@ -110,7 +110,8 @@ def test_losslessness(gpu_test_outputs):
 def test_lookahead_sweep_uses_hub_models_and_datasets(gpu_test_outputs):
     data = json.loads((gpu_test_outputs / "figures" / "lookahead_sweep.json").read_text())
     meta, rows = data["meta"], data["rows"]
-    assert meta["target"] == TARGET_ID and meta["dtype"] == "bfloat16" and meta["profile"] == "gpu"
+    gpu = reproduce.load_profile("gpu")["02_lookahead_sweep"]
+    assert meta["target"] == TARGET_ID and meta["dtype"] == gpu["dtype"] and meta["profile"] == "gpu"
     assert {(r["task"], r["K"]) for r in rows} == {(t, k) for t in ("news", "code") for k in range(8)}
     assert all(r["tau"] >= 1 and r["tokens"] > 0 for r in rows)
     items = [json.loads(line) for p in (gpu_test_outputs / "results").rglob("lookahead_sweep*.jsonl")
