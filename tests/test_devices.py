@@ -123,6 +123,14 @@ def test_lean_runner_refuses_a_split_model(models):
     LeanRunner(plain)  # the same model resident on one device is fine
 
 
+def test_tune_runs_a_split_model_on_the_hf_runner(models):
+    _, split, _, _ = models
+    setting = sr.tune(split, None, threads=[1], cache=False)
+    assert isinstance(setting.target, HFRunner) and setting.candidate.backend == "hf"
+    gen = sr.autoregressive_generate(setting.target, PROMPT, max_new_tokens=6, temperature=0)
+    assert torch.equal(gen.tokens, sr.autoregressive_generate(split, PROMPT, max_new_tokens=6, temperature=0).tokens)
+
+
 def test_meta_weights_without_hooks_are_a_clear_error():
     with torch.device("meta"):
         empty = LlamaForCausalLM(tiny_llama(0, VOCAB).config)
