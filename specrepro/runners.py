@@ -21,6 +21,9 @@ class HFRunner:
         self.model = model
         self.keep_hidden = keep_hidden
         self.device = input_device(model)
+        # what speculative_generate reads from a runner passed as `target` (sr.tune returns one)
+        self.vocab_size = vocab_size(model)
+        self.context_window = context_window(model)
         self.reset()
 
     def reset(self) -> None:
