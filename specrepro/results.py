@@ -152,7 +152,9 @@ class ResultsFile:
         self.records[str(record[self.key])] = record
 
     def values(self) -> list[dict]:
-        return list(self.records.values())
+        """The records in key order: an uninterrupted run, a resumed one and merged shards summarise (and
+        bootstrap) the same list."""
+        return [self.records[k] for k in sorted(self.records)]
 
 
 @contextlib.contextmanager
