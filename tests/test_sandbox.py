@@ -132,7 +132,8 @@ def test_writing_outside_scratch(tmp_path):
     assert result.status == "passed", result.stderr
     if not sandbox_info().uid_drop:
         pytest.skip("without a uid drop the program may write wherever the parent user can")
-    assert result.stdout.split() == ["PermissionError", "PermissionError"]
+    error = "FileNotFoundError" if sandbox_info().private_dirs else "PermissionError"  # a private /tmp hides it
+    assert result.stdout.split() == [error, error]
     assert victim.read_text() == "keep me" and not intruder.exists()
 
 
@@ -281,7 +282,8 @@ HOSTILE_COMPLETIONS = {  # completion -> the status its sample must get
     "    return a + b\n": "passed",
     "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return a + b\n": "failed",
     "    import os\n    assert 'SPECREPRO_SECRET' not in os.environ\n    return a + b\n": "passed",
-    "    import subprocess\n    subprocess.Popen(['/bin/sleep', '30'])\n    return a + b\n": "passed",
+    # tests may not spawn processes (RLIMIT_NPROC 0, as the reference harness disables fork and Popen)
+    "    import subprocess\n    subprocess.Popen(['/bin/sleep', '30'])\n    return a + b\n": "failed",
     "    open('/etc/passwd', 'a').write('x')\n    return a + b\n": "failed",
 }
 

