@@ -84,6 +84,12 @@ class LeanRunner:
     ):
         if not is_llama_like(model):
             raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
+        from .runners import split_reason
+
+        reason = split_reason(model)
+        if reason is not None:
+            raise TypeError(f"LeanRunner needs every weight on one device, but {reason}: run this model with the HF "
+                            "runner (pass the model itself as target, or specrepro.runners.HFRunner(model))")
         check_backend(backend)
         if compile and backend != "eager":
             # measured with torch 2.13: inductor fails to lower mkldnn._linear_pointwise on a prepacked weight

@@ -33,20 +33,30 @@ def specrepro_home() -> Path:
     return Path(os.environ.get("SPECREPRO_HOME", Path.home() / ".cache" / "specrepro")).expanduser()
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """(model, tokenizer) in eval mode. `name_or_path`: "smollm2-135m-instruct", an HF id or a local dir."""
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | os.PathLike | None = None):
+    """(model, tokenizer) in eval mode. `name_or_path`: "smollm2-135m-instruct", an HF id or a local dir.
+
+    device_map (accelerate's big-model inference, for a target larger than one device): "auto" (or
+    "balanced", "balanced_low_0", "sequential") splits the layers over the GPUs, then the CPU, then disk,
+    within max_memory (e.g. {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}); a dict maps module names to a GPU
+    index, "cuda:N", "cpu" or "disk". Weights placed on "disk" are written to offload_folder (default: a
+    temporary folder removed with the model). With a device_map, `device` is not used.
+    """
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
-    device = torch.device(device)
+    dispatch = dispatch_kwargs(device_map, max_memory, offload_folder)
+    device = check_device(device) if device_map is None else None
     name = str(name_or_path)
     if name == OFFLINE_TARGET:
         try:
-            model, tokenizer = _load_pretrained(offline_target_dir(), dtype, "the converted offline target")
+            model, tokenizer = _load_pretrained(offline_target_dir(), dtype, "the converted offline target", dispatch)
         except ModelLoadError as err:
             warnings.warn(f"{err}; rebuilding the cache from the GGUF")
             model, tokenizer = _load_pretrained(offline_target_dir(rebuild=True), dtype,
-                                                "the rebuilt offline target")
-        return model.to(device).eval(), tokenizer
+                                                "the rebuilt offline target", dispatch)
+        return _placed(model, device, dispatch), tokenizer
     if Path(name).expanduser().exists():
         path, where = Path(name).expanduser(), f"local path {name}"
         if not path.is_dir():
@@ -57,19 +67,99 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float
         raise ModelLoadError(f"no model directory at {name}")
     else:
         path, where = name, f"Hugging Face Hub id {name!r}"
-    model, tokenizer = _load_pretrained(path, dtype, where)
-    return model.to(device).eval(), tokenizer
+    model, tokenizer = _load_pretrained(path, dtype, where, dispatch)
+    return _placed(model, device, dispatch), tokenizer
 
 
-def _load_pretrained(path, dtype: torch.dtype, where: str):
+_AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device(device) -> torch.device:
+    """torch.device(device), or a ValueError naming a device this machine does not have."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be e.g. 'cpu', 'cuda' or 'cuda:1', got {device!r}") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} requested, but this PyTorch build sees no CUDA GPU "
+                             f"(torch {torch.__version__}); use device='cpu' or a CUDA build of torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} requested, but only {torch.cuda.device_count()} GPU(s) exist")
+    if device.type == "meta":
+        raise ValueError("device 'meta' holds no weights; give a real device such as 'cpu' or 'cuda'")
+    return device
+
+
+def dispatch_kwargs(device_map, max_memory, offload_folder) -> dict:
+    """from_pretrained's big-model arguments, checked; {} without a device_map."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ValueError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
+        return {}
+    if isinstance(device_map, str):
+        if device_map not in _AUTO_MAPS:
+            raise ValueError(f"device_map must be one of {_AUTO_MAPS}, a dict of module -> device, or None; "
+                             f"got {device_map!r}")
+    elif isinstance(device_map, dict):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for module, where in device_map.items():
+            if where in ("cpu", "disk"):
+                continue
+            index = _gpu_index(where)
+            if index is None:
+                raise ValueError(f"device_map[{module!r}] = {where!r}: use a GPU index, 'cuda:N', 'cpu' or 'disk'")
+            if index >= gpus:
+                raise ValueError(f"device_map puts {module!r} on GPU {index}, but this machine has {gpus} visible GPU(s)")
+    else:
+        raise TypeError(f"device_map must be a string such as 'auto', a dict or None, got {type(device_map).__name__}")
+    if max_memory is not None and not isinstance(max_memory, dict):
+        raise TypeError(f"max_memory must be a dict such as {{0: '20GiB', 'cpu': '64GiB'}}, got {max_memory!r}")
+    out = {"device_map": device_map, "max_memory": max_memory}
+    if offload_folder is None:
+        out["offload_folder"] = None  # a temporary folder, made only if something goes to disk (see _load_pretrained)
+    else:
+        Path(offload_folder).expanduser().mkdir(parents=True, exist_ok=True)
+        out["offload_folder"] = str(Path(offload_folder).expanduser())
+    return out
+
+
+def _gpu_index(where) -> int | None:
+    if isinstance(where, int) and not isinstance(where, bool):
+        return where
+    try:
+        dev = torch.device(where)
+    except (RuntimeError, TypeError):
+        return None
+    return (dev.index or 0) if dev.type == "cuda" else None
+
+
+def _placed(model, device, dispatch: dict):
+    """A dispatched model stays where accelerate put it; any other goes to `device`."""
+    return (model if dispatch else model.to(device)).eval()
+
+
+def _load_pretrained(path, dtype: torch.dtype, where: str, dispatch: dict | None = None):
+    import tempfile
+    import weakref
+
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    dispatch = dict(dispatch or {})
+    tmp = None
+    if dispatch and dispatch.get("offload_folder") is None:
+        tmp = tempfile.mkdtemp(prefix="specrepro-offload-")
+        dispatch["offload_folder"] = tmp
     try:
         AutoConfig.from_pretrained(path)  # fails fast, once, before tokenizer and weights are tried
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **dispatch)
+        if tmp is not None:
+            weakref.finalize(model, shutil.rmtree, tmp, ignore_errors=True)
     except SafetensorError as err:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"could not load {where}: its weights file is damaged (truncated or garbled: "
                              f"{err}); delete {path} and save or download it again") from err
     except (OSError, ValueError) as err:
@@ -79,6 +169,8 @@ def _load_pretrained(path, dtype: torch.dtype, where: str):
             if where.startswith("Hugging Face")
             else ""
         )
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"could not load {where}{hint}: {err}") from err
     return model, tokenizer
 

@@ -7,9 +7,18 @@ Notebooks are jupytext percent files `notebooks/NN_name.py`; each run converts t
 and executes them with the parameters of `notebooks/params/<profile>.yaml` (one mapping per notebook name)
 plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A notebook that finished with
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
-files, so a rerun after a kill resumes where it stopped. --output-root DIR sends everything a run writes
+files, so a rerun after a kill resumes where it stopped. Items are keyed by the parameters and by a hash of
+the package's sources (`results.code_digest`): after a change to specrepro/ nothing old is reused, and
+--force deletes the notebook's items too. --output-root DIR sends everything a run writes
 (figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
 every selected notebook (checked like the params file: a name the notebook does not define is an error).
+
+Across machines: `--shard I/N` runs share I of N of every notebook's items (see specrepro.results) into
+runs/<profile>/shards/I-of-N/ (or DIR/shards/I-of-N/ with --output-root DIR); once all N have finished, and
+their folders sit side by side, `--merge` combines their items and runs the notebooks once more, which then
+only summarise: the same CSV/JSON and figures a single run writes.
+
+A params file may start with `_base: <profile>`: it then holds only its differences from that profile.
 """
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,13 +34,13 @@ from pathlib import Path
 import yaml
 
 from .experiments import PROFILES, check_params, repo_root
-from .results import atomic_write_text, write_json
+from .results import SHARD_ENV, ResultsFile, atomic_write_text, code_digest, parse_shard, write_json
 
 ROOT = repo_root()
 NOTEBOOK_DIR = ROOT / "notebooks"
 PARAMS_DIR = NOTEBOOK_DIR / "params"
 KERNEL_NAME = "specrepro"
-CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "gpu": 3600}  # seconds per cell before papermill gives up
+CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "gpu": 3600}  # seconds per cell before papermill gives up (others: 3600)
 
 
 def notebook_names() -> list[str]:
@@ -56,18 +66,30 @@ def parse_overrides(pairs) -> dict:
 
 def load_profile(profile: str, params_dir: Path | None = None) -> dict[str, dict]:
     """{notebook: parameters} for a profile; a clear error for an unknown profile or notebook name."""
-    params_dir = params_dir or PARAMS_DIR
-    path = Path(params_dir) / f"{profile}.yaml"
-    if profile not in PROFILES or not path.is_file():
-        known = sorted(p.stem for p in Path(params_dir).glob("*.yaml"))
+    params_dir = Path(params_dir or PARAMS_DIR)
+    path = params_dir / f"{profile}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in params_dir.glob("*.yaml"))
         raise SystemExit(f"unknown profile {profile!r}: expected one of {known} (files in {params_dir})")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise SystemExit(f"{path}: expected a mapping of notebook name -> parameters")
+    base = data.pop("_base", None)
     unknown = sorted(set(data) - set(notebook_names()))
     if unknown:
         raise SystemExit(f"{path}: unknown notebook name(s) {unknown}; notebooks are {notebook_names()}")
-    return {name: dict(data.get(name) or {}) for name in notebook_names()}
+    inherited = load_profile(base, params_dir) if base else {}
+    return {name: {**inherited.get(name, {}), **dict(data.get(name) or {})} for name in notebook_names()}
+
+
+def notebook_profile(profile: str, params_dir: Path | None = None) -> str:
+    """The `profile` the notebooks are given: a derived profile's base when experiments does not know it."""
+    if profile in PROFILES:
+        return profile
+    data = yaml.safe_load((Path(params_dir or PARAMS_DIR) / f"{profile}.yaml").read_text()) or {}
+    if not data.get("_base"):
+        raise SystemExit(f"profile {profile!r} is not one of {PROFILES} and names no _base profile")
+    return notebook_profile(data["_base"], params_dir)
 
 
 def sync_notebooks(names=None) -> list[Path]:
@@ -127,7 +149,7 @@ def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tupl
         if output_root is not None:
             root = Path(output_root).resolve()
             dirs = {"out_dir": str(root / "figures"), "results_dir": str(root / "results")}
-        params = {"profile": profile, **dirs, **per_notebook[name], **(overrides or {})}
+        params = {"profile": notebook_profile(profile), **dirs, **per_notebook[name], **(overrides or {})}
         try:
             check_params(params, notebook_parameters(NOTEBOOK_DIR / f"{name}.ipynb"))
         except ValueError as err:
@@ -135,48 +157,117 @@ def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tupl
             raise SystemExit(f"{where}, notebook {name}: {err}") from None
         # results are keyed by the settings: a changed parameter (dtype, K, a draft...) never resumes from
         # items made under the old ones, while an interrupted run with the same settings does
+        # and by the code: items made by another version of specrepro/ are never reused
         settings = {k: v for k, v in params.items() if k not in ("results_dir", "out_dir")}
+        settings["code"] = code_digest()
         key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
         params["results_dir"] = str(Path(params["results_dir"]) / f"{name}-{key}")
         jobs.append((name, params))
     return jobs
 
 
+def shard_root(profile: str, shard: tuple[int, int], output_root=None) -> Path:
+    base = Path(output_root).resolve() if output_root is not None else ROOT / "runs" / profile
+    return base / "shards" / f"{shard[0]}-of-{shard[1]}"
+
+
 def run(profile: str, only=None, force: bool = False, cell_timeout: int | None = None, overrides=None,
-        output_root=None) -> list[Path]:
+        output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False) -> list[Path]:
+    """Run the notebooks. force: delete their items and rerun; rerun: rerun finished notebooks, keeping items
+    (what --merge needs); shard (i, n): only share i of n of the items, under shard_root()."""
     import papermill
 
+    if shard is not None:
+        output_root = shard_root(profile, shard, output_root)
     jobs = plan(profile, only, overrides, output_root)
     install_kernel()
     run_dir = Path(output_root).resolve() if output_root is not None else ROOT / "runs" / profile
     run_dir.mkdir(parents=True, exist_ok=True)
-    outputs = []
-    for name, params in jobs:
-        done = run_dir / f"{name}.done.json"
-        digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()
-                                + (NOTEBOOK_DIR / f"{name}.py").read_bytes()).hexdigest()
-        if not force and done.exists() and json.loads(done.read_text()).get("digest") == digest:
-            print(f"[reproduce] {name}: finished earlier with these parameters, skipped (--force reruns it)")
-            continue
-        output = run_dir / f"{name}.ipynb"
-        print(f"[reproduce] {name} ({profile}) -> {output}", flush=True)
-        start = time.time()
+    timeout = cell_timeout or CELL_TIMEOUT.get(profile, 3600)
+    previous = os.environ.pop(SHARD_ENV, None)
+    if shard is not None:
+        os.environ[SHARD_ENV] = f"{shard[0]}/{shard[1]}"  # the kernels inherit it; ResultsFile reads it
+    try:
+        outputs = []
+        for name, params in jobs:
+            done = run_dir / f"{name}.done.json"
+            digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()
+                                    + (NOTEBOOK_DIR / f"{name}.py").read_bytes()).hexdigest()
+            if not (force or rerun) and done.exists() and json.loads(done.read_text()).get("digest") == digest:
+                print(f"[reproduce] {name}: finished earlier with these parameters, skipped (--force reruns it)")
+                continue
+            if force:  # recompute the items too, not only the summaries
+                shutil.rmtree(params["results_dir"] if Path(params["results_dir"]).is_absolute()
+                              else ROOT / params["results_dir"], ignore_errors=True)
+            output = run_dir / f"{name}.ipynb"
+            where = f", shard {shard[0]}/{shard[1]}" if shard else ""
+            print(f"[reproduce] {name} ({profile}{where}) -> {output}", flush=True)
+            start = time.time()
+            try:
+                papermill.execute_notebook(
+                    str(NOTEBOOK_DIR / f"{name}.ipynb"), str(output), parameters=params, kernel_name=KERNEL_NAME,
+                    cwd=str(ROOT), execution_timeout=timeout, progress_bar=False, log_output=False,
+                )
+            except papermill.PapermillExecutionError as err:
+                if not (shard is not None and err.ename == "ShardComplete"):
+                    raise SystemExit(f"[reproduce] {name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
+                                     f"see {output}; rerun to resume (finished items are kept)") from None
+                print(f"[reproduce] {name}: this shard's items are done; its summary comes with --merge")
+            except TimeoutError as err:
+                raise SystemExit(f"[reproduce] {name}: a cell ran longer than {timeout} s ({err}); raise "
+                                 f"--cell-timeout or shrink notebooks/params/{profile}.yaml") from None
+            write_json(done, {"digest": digest, "seconds": time.time() - start, "params": params,
+                              "shard": list(shard) if shard else None})
+            print(f"[reproduce] {name}: {time.time() - start:.0f} s", flush=True)
+            outputs.append(output)
+        return outputs
+    finally:
+        os.environ.pop(SHARD_ENV, None)
+        if previous is not None:
+            os.environ[SHARD_ENV] = previous
+
+
+def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
+    """The folders of shards 0..n-1 of one run; a SystemExit naming what is missing or unfinished."""
+    base = (Path(output_root).resolve() if output_root is not None else ROOT / "runs" / profile) / "shards"
+    found = {}
+    for d in base.glob("*-of-*"):
         try:
-            papermill.execute_notebook(
-                str(NOTEBOOK_DIR / f"{name}.ipynb"), str(output), parameters=params, kernel_name=KERNEL_NAME,
-                cwd=str(ROOT), execution_timeout=cell_timeout or CELL_TIMEOUT[profile], progress_bar=False,
-                log_output=False,
-            )
-        except papermill.PapermillExecutionError as err:
-            raise SystemExit(f"[reproduce] {name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
-                             f"see {output}; rerun to resume (finished items are kept)") from None
-        except TimeoutError as err:
-            raise SystemExit(f"[reproduce] {name}: a cell ran longer than {cell_timeout or CELL_TIMEOUT[profile]} s "
-                             f"({err}); raise --cell-timeout or shrink notebooks/params/{profile}.yaml") from None
-        write_json(done, {"digest": digest, "seconds": time.time() - start, "params": params})
-        print(f"[reproduce] {name}: {time.time() - start:.0f} s", flush=True)
-        outputs.append(output)
-    return outputs
+            found[parse_shard(d.name.replace("-of-", "/"))] = d
+        except ValueError:
+            continue
+    counts = {n for _, n in found}
+    if not found:
+        raise SystemExit(f"--merge: no shard folders under {base} (run --shard I/N first)")
+    if len(counts) > 1:
+        raise SystemExit(f"--merge: {base} holds shards of different counts {sorted(counts)}; keep one set")
+    n = counts.pop()
+    missing = [i for i in range(n) if (i, n) not in found]
+    if missing:
+        raise SystemExit(f"--merge: shard(s) {[f'{i}/{n}' for i in missing]} missing under {base}")
+    names = [name for name in notebook_names() if not only or name in only]
+    unfinished = [f"{i}/{n} {name}" for i in range(n) for name in names
+                  if not (found[(i, n)] / f"{name}.done.json").exists()]
+    if unfinished:
+        raise SystemExit(f"--merge: not finished yet: {unfinished}")
+    return [found[(i, n)] for i in range(n)]
+
+
+def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=None, output_root=None) -> list[Path]:
+    """Combine every shard's items into the run's results folder, then run the notebooks to summarise them."""
+    shards = finished_shards(profile, only, output_root)
+    dest_root = Path(output_root).resolve() / "results" if output_root is not None else (
+        ROOT / output_dirs(profile)["results_dir"])
+    added = 0
+    for shard_dir in shards:  # shard 0 first: an item every shard made (a cost measurement) is kept from it
+        for src in sorted((shard_dir / "results").rglob("*.jsonl")):
+            dest = ResultsFile(dest_root / src.relative_to(shard_dir / "results"), shard=False)
+            for record in ResultsFile(src, shard=False).values():
+                if str(record["key"]) not in dest.records:
+                    dest.append(record)
+                    added += 1
+    print(f"[reproduce] merged {added} items from {len(shards)} shards into {dest_root}", flush=True)
+    return run(profile, only, cell_timeout=cell_timeout, overrides=overrides, output_root=output_root, rerun=True)
 
 
 def main(argv=None) -> None:
@@ -190,7 +281,11 @@ def main(argv=None) -> None:
     ap.add_argument("--output-root", metavar="DIR", help="write figures, results and executed notebooks under DIR")
     ap.add_argument("--set", action="append", metavar="NAME=VALUE", dest="overrides",
                     help="override a notebook parameter (YAML value), e.g. --set n_samples=40; repeatable")
+    ap.add_argument("--shard", metavar="I/N", help="run share I of N (0 <= I < N) of every notebook's items")
+    ap.add_argument("--merge", action="store_true", help="combine the finished shards and write the summaries")
     args = ap.parse_args(argv)
+    if args.shard and (args.merge or args.force):
+        raise SystemExit("--shard runs one share; --merge (and --force) are separate steps")
     if args.sync:
         for p in sync_notebooks():
             print(p.relative_to(ROOT))
@@ -203,7 +298,15 @@ def main(argv=None) -> None:
         for p in replot(figures):
             print(p)
         return
-    run(args.profile, args.only, args.force, args.cell_timeout, parse_overrides(args.overrides), args.output_root)
+    if args.merge:
+        merge(args.profile, args.only, args.cell_timeout, parse_overrides(args.overrides), args.output_root)
+        return
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ValueError as err:
+        raise SystemExit(f"--shard: {err}") from None
+    run(args.profile, args.only, args.force, args.cell_timeout, parse_overrides(args.overrides), args.output_root,
+        shard)
 
 
 if __name__ == "__main__":

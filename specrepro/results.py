@@ -8,32 +8,95 @@ Appends and that clean-up hold an exclusive lock on the file (fcntl.flock), so t
 file never interleave their lines, and one never cuts a line that the other is still writing.
 Final tables are written to a temporary file in the same directory and moved into place with os.replace,
 so readers see the old file or the new one, never half of one.
+
+Shards (`python -m specrepro.reproduce --shard i/n`): with $SPECREPRO_SHARD = "i/n" set, a ResultsFile
+reports every item of another shard as present, so the experiments loop over their own share only; reading
+such an item raises ShardComplete (the summaries need every shard: `--merge` makes them). The share is a
+hash of the item's key without its method/K part, so ArS and SpS of one prompt, and every K of one prompt,
+run on the same machine (their timings are compared). Keys under "costs/" (a machine's cost measurements,
+not items) are made by every shard.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
 import fcntl
+import hashlib
 import io
 import json
 import math
 import os
 import platform
+import re
 import tempfile
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Iterable
+
+
+SHARD_ENV = "SPECREPRO_SHARD"
+_SAME_MACHINE = re.compile(r"/(K\d+|ArS|SpS)(?=/|$)")  # key parts whose timings are compared with each other
+_EVERY_SHARD = ("costs/",)
+
+
+class ShardComplete(Exception):
+    """This shard has done all its items; results that need other shards' items come from `--merge`."""
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "i/n" -> (i, n) with 0 <= i < n, or a ValueError saying what a shard looks like."""
+    i, sep, n = str(text).partition("/")
+    try:
+        i, n = int(i), int(n)
+    except ValueError:
+        i = n = -1
+    if not sep or not 0 <= i < n:
+        raise ValueError(f"a shard is I/N with 0 <= I < N (e.g. 0/4 ... 3/4), got {text!r}")
+    return i, n
+
+
+def shard_of(key: str, n: int) -> int | None:
+    """Which of n shards does item `key` (None: every shard does it)."""
+    if str(key).startswith(_EVERY_SHARD):
+        return None
+    return zlib.crc32(_SAME_MACHINE.sub("", str(key)).encode()) % n
+
+
+def current_shard() -> tuple[int, int] | None:
+    text = os.environ.get(SHARD_ENV)
+    return parse_shard(text) if text else None
+
+
+class _ShardRecords(dict):
+    def __init__(self, mine):
+        super().__init__()
+        self.mine = mine
+
+    def __missing__(self, key):
+        if not self.mine(key):
+            raise ShardComplete(f"item {key!r} belongs to another shard: this shard's items are done; "
+                                "run `python -m specrepro.reproduce --merge` once every shard has finished")
+        raise KeyError(key)
 
 
 class ResultsFile:
     """Per-item results of one experiment, keyed by `record[key]`."""
 
-    def __init__(self, path: str | os.PathLike, key: str = "key"):
+    def __init__(self, path: str | os.PathLike, key: str = "key", shard: tuple[int, int] | bool | None = None):
+        """shard: (i, n) to do only share i of n of the items; False: all; None: $SPECREPRO_SHARD, else all."""
         self.path = Path(path)
         self.key = key
+        self.shard = current_shard() if shard is None else (shard or None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.records: dict[str, dict] = {}
+        self.records: dict[str, dict] = _ShardRecords(self._mine) if self.shard else {}
         self._load()
+
+    def _mine(self, key) -> bool:
+        if self.shard is None:
+            return True
+        owner = shard_of(key, self.shard[1])
+        return owner is None or owner == self.shard[0]
 
     def _load(self) -> None:
         if not self.path.exists():
@@ -71,7 +134,7 @@ class ResultsFile:
         return record if isinstance(record, dict) and self.key in record else None
 
     def __contains__(self, key: str) -> bool:
-        return str(key) in self.records
+        return str(key) in self.records or not self._mine(str(key))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -89,7 +152,9 @@ class ResultsFile:
         self.records[str(record[self.key])] = record
 
     def values(self) -> list[dict]:
-        return list(self.records.values())
+        """The records in key order: an uninterrupted run, a resumed one and merged shards summarise (and
+        bootstrap) the same list."""
+        return [self.records[k] for k in sorted(self.records)]
 
 
 @contextlib.contextmanager
@@ -111,6 +176,15 @@ def _ends_clean(f) -> bool:
         return True
     f.seek(end - 1)
     return f.read(1) == b"\n"
+
+
+def code_digest() -> str:
+    """A hash of the package's Python sources: results made by other code are never reused."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -171,6 +245,9 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # every visible GPU with its memory: a split target's numbers depend on all of them
+        "cuda_devices": [f"{torch.cuda.get_device_name(i)} ({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+                         for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
     }
 
 

@@ -9,6 +9,7 @@
                                   [n, length + n] of the cached and new tokens each new token sees
     runner.compact(keep)          keep only the cache slots `keep` (ascending LongTensor), in that order
     runner.hidden                 [n, H] last-layer hidden states of the last forward (if requested)
+    runner.device                 where its inputs go (a dispatched model: its embedding layer's device)
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ class HFRunner:
     def __init__(self, model: torch.nn.Module, keep_hidden: bool = False):
         self.model = model
         self.keep_hidden = keep_hidden
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
+        # what speculative_generate reads from a runner passed as `target` (sr.tune returns one)
+        self.vocab_size = vocab_size(model)
+        self.context_window = context_window(model)
         self.reset()
 
     def reset(self) -> None:
@@ -32,7 +36,8 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._run(ids, head=True)[0].float()
+        # a model split over GPUs computes its head on the last one: logits come back beside the inputs
+        return self._run(ids, head=True)[0].float().to(self.device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
@@ -85,6 +90,46 @@ class HFRunner:
         if length < self.length:
             self.cache.crop(length - self.length)  # transformers 5.x: a negative count removes tokens
             self.length = length
+
+
+def is_dispatched(model) -> bool:
+    """True for a model placed by accelerate (device_map): split over devices or offloaded to CPU/disk."""
+    return bool(getattr(model, "hf_device_map", None)) or hasattr(model, "_hf_hook")
+
+
+def split_reason(model: torch.nn.Module) -> str | None:
+    """Why a model's weights are not all resident on one device (offloaded or split), or None if they are."""
+    devices = {p.device for p in model.parameters()}
+    if any(d.type == "meta" for d in devices):
+        where = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()})
+        return f"some weights are offloaded (on the 'meta' device; device_map places modules on {where})"
+    if len(devices) > 1:
+        return f"its weights are split over {sorted(map(str, devices))}"
+    return None
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's input ids must be on: its embedding layer's (execution) device.
+
+    A model dispatched with a device_map keeps offloaded weights on the "meta" device and moves them in
+    with accelerate hooks; the hook's execution device is where the embedding runs. Parameters on "meta"
+    with no such hook were never loaded: a ValueError names them.
+    """
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    hook = getattr(embed, "_hf_hook", None) if embed is not None else None
+    if getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    unloaded = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if unloaded and not is_dispatched(model):
+        raise ValueError(
+            f"{len(unloaded)} parameter(s) of {type(model).__name__} are on the 'meta' device with no accelerate "
+            f"offload hook (first: {unloaded[0]}): the weights were never loaded (a model built under "
+            "init_empty_weights?); load it with specrepro.load_model or from_pretrained"
+        )
+    weight = getattr(embed, "weight", None)
+    if weight is not None and weight.device.type != "meta":
+        return weight.device
+    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
 def context_window(model: torch.nn.Module) -> int | None:

@@ -82,4 +82,8 @@ def logits_to_probs(
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token index per row of `probs` ([..., V] -> [...])."""
     flat = probs.reshape(-1, probs.shape[-1])
+    if generator is not None and generator.device != flat.device:
+        # a generator draws only on its own device (e.g. a CPU generator with a CUDA model): draw there, move back
+        return torch.multinomial(flat.to(generator.device), 1, generator=generator).to(probs.device).reshape(
+            probs.shape[:-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -55,10 +55,13 @@ def rejection_step(
     """
     k = draft_tokens.shape[0]
     if k:
+        draft_tokens, p = draft_tokens.to(q.device), p.to(q.device)  # a draft may run on another device
         rows = torch.arange(k, device=q.device)
         q_x = q[rows, draft_tokens]
         p_x = p[rows, draft_tokens]
-        r = torch.rand(k, generator=generator, device=q.device)
+        # drawn on the generator's device (a CPU generator may drive a CUDA target)
+        r = torch.rand(k, generator=generator, device=generator.device if generator is not None else q.device)
+        r = r.to(q.device)
         # r < q/p without dividing (p_x > 0: the token was drawn from p)
         rejected = (r * p_x >= q_x).nonzero()
         if rejected.numel():
@@ -163,7 +166,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         if k > 0:
             # a draft may propose fewer than k tokens (an n-gram draft with no match proposes none)
             drafted, p = proposer.propose(seq, k, sampling, generator, hidden.get() if hidden else None)
-            k = drafted.shape[0]
+            drafted, k = drafted.to(seq.device), drafted.shape[0]
         else:
             drafted, p = seq.new_empty(0), None
         q = sampling.probs(runner.forward(torch.cat([seq[-1:], drafted])))
@@ -236,6 +239,8 @@ def _check_prompt(input_ids, vocab: int) -> torch.Tensor:
         raise TypeError(f"input_ids must be a LongTensor of shape [n] or [1, n], got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.device.type == "meta":
+        raise ValueError("input_ids are on the 'meta' device (no values); give token ids on the CPU or the model's device")
     if input_ids.dim() == 2:
         if input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must have batch size 1 (shape [1, n]), got shape {tuple(input_ids.shape)}")

@@ -176,8 +176,10 @@ def _check_trees(trees, draft, prompt) -> list:
 def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list[Candidate]:
     """Every (dtype, backend, threads[, compile]) to measure; the lean runner's knobs only where it applies."""
     from .lean import is_llama_like
+    from .runners import split_reason
 
-    if not is_llama_like(target):  # an HF runner in the model's own dtype: only threads vary
+    # an HF runner in the model's own dtype: only threads vary (the lean runner needs all weights on one device)
+    if not is_llama_like(target) or split_reason(target) is not None:
         dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
         return [Candidate(dtype, "hf", t) for t in threads]
     out = []

@@ -1,0 +1,185 @@
+"""Devices: a target dispatched by accelerate (split over CPU and disk offload), device checks and clear errors.
+
+What a CPU can check: a tiny Llama loaded through `sr.load_model(..., device_map=..., offload_folder=...)` with
+some layers (and the LM head) offloaded to disk gives the same logits as the plain model, greedy SpS equals
+greedy ArS and HF generate on it, and its sampled joint passes the chi-square harness of test_lossless
+(family-wise alpha 0.01; the deliberately wrong sampler on the same dispatched target must fail at that level).
+The CUDA cases at the end run only where a GPU is visible.
+"""
+import pytest
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+import specrepro as sr
+from conftest import tiny_llama
+from specrepro import wrong
+from specrepro.lean import LeanRunner
+from specrepro.runners import HFRunner, input_device, is_dispatched, split_reason
+from specrepro.sampling import SamplingConfig, sample
+from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+
+VOCAB = 5
+PROMPT = torch.tensor([0, 3])
+SPLIT = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.layers.2": "disk",
+         "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"}
+ALPHA = 0.01  # one correct test; the wrong sampler must reject at the same level
+N = 1000
+
+
+def save_tiny(path, seed=0, layers=3):
+    """A tiny random Llama and a word-level tokenizer over its 5 ids, saved as a Hugging Face model directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tiny_llama(seed, VOCAB, layers=layers, eos_token_id=None)
+    model.save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    plain = save_tiny(root / "target")
+    split, _ = sr.load_model(root / "target", device_map=SPLIT, offload_folder=root / "offload")
+    draft = tiny_llama(1, VOCAB, layers=1, eos_token_id=None)
+    return plain, split, draft, root
+
+
+def test_split_model_is_dispatched_and_offloaded(models):
+    plain, split, _, _ = models
+    assert is_dispatched(split) and not is_dispatched(plain)
+    offloaded = {n.rsplit(".", 1)[0] for n, p in split.named_parameters() if p.device.type == "meta"}
+    assert "lm_head" in offloaded and any(n.startswith("model.layers.1") for n in offloaded)
+    assert "offloaded" in split_reason(split) and split_reason(plain) is None
+    assert input_device(split) == torch.device("cpu")
+
+
+def test_split_logits_equal_plain(models):
+    plain, split, _, _ = models
+    ids = torch.tensor([0, 3, 2, 4, 1, 2])
+    a, b = HFRunner(plain), HFRunner(split)
+    torch.testing.assert_close(a.forward(ids[:4]), b.forward(ids[:4]), rtol=0, atol=0)
+    a.rollback(2), b.rollback(2)
+    torch.testing.assert_close(a.forward(ids[2:]), b.forward(ids[2:]), rtol=0, atol=0)
+
+
+def test_embedding_on_disk_runs_on_its_execution_device(models):
+    plain, _, _, root = models
+    on_disk = dict(SPLIT, **{"model.embed_tokens": "disk"})
+    model, _ = sr.load_model(root / "target", device_map=on_disk)  # offload_folder: a temporary one
+    assert model.get_input_embeddings().weight.device.type == "meta"
+    assert input_device(model) == torch.device("cpu")
+    want = sr.autoregressive_generate(plain, PROMPT, max_new_tokens=12, temperature=0).tokens
+    assert torch.equal(sr.autoregressive_generate(model, PROMPT, max_new_tokens=12, temperature=0).tokens, want)
+
+
+def test_auto_map_with_max_memory_offloads_to_disk(models):
+    plain, _, _, root = models
+    model, _ = sr.load_model(root / "target", device_map="auto", max_memory={"cpu": 4000},
+                             offload_folder=root / "offload-auto")
+    assert "disk" in set(model.hf_device_map.values())
+    want = sr.autoregressive_generate(plain, PROMPT, max_new_tokens=12, temperature=0).tokens
+    assert torch.equal(sr.autoregressive_generate(model, PROMPT, max_new_tokens=12, temperature=0).tokens, want)
+
+
+def test_greedy_sps_equals_ars_and_hf_generate_on_split_target(models):
+    plain, split, draft, _ = models
+    n = 24
+    hf = plain.generate(PROMPT.view(1, -1), max_new_tokens=n, do_sample=False, min_new_tokens=n)[0, len(PROMPT):]
+    hf_split = split.generate(PROMPT.view(1, -1), max_new_tokens=n, do_sample=False, min_new_tokens=n)[0, len(PROMPT):]
+    ars = sr.autoregressive_generate(split, PROMPT, max_new_tokens=n, temperature=0).tokens
+    assert torch.equal(hf_split, hf) and torch.equal(ars, hf)
+    for k in (1, 3, 5):
+        sps = sr.speculative_generate(split, draft, PROMPT, max_new_tokens=n, lookahead=k, temperature=0)
+        assert torch.equal(sps.tokens, hf), k
+    # the split model as the draft, too (its runner moves the ids to its embedding's device)
+    sps = sr.speculative_generate(plain, split, PROMPT, max_new_tokens=n, lookahead=4, temperature=0)
+    assert torch.equal(sps.tokens, hf) and sum(sps.accepted) == n - sps.target_calls  # a perfect draft
+
+
+def _draw(target, draft, k, seed, n=N, length=3):
+    g = torch.Generator().manual_seed(seed)
+    return [truncate_outcome(sr.speculative_generate(target, draft, PROMPT, max_new_tokens=max(length, k + 1),
+                                                     lookahead=k, generator=g).tokens, length) for _ in range(n)]
+
+
+@pytest.mark.slow  # ~85 s: every forward of the split model reads its disk-offloaded layers back
+def test_sampled_joint_on_split_target_is_the_target_joint(models):
+    plain, split, draft, _ = models
+    expected = exact_joint(plain, PROMPT, 3, SamplingConfig())  # the undispatched model is the reference
+    right = chisquare_fit(_draw(split, draft, 2, seed=11), expected)
+    assert right.pvalue > ALPHA, right
+    with wrong.rejection_step_replaced(wrong.resample_from_q):
+        bad = chisquare_fit(_draw(split, draft, 2, seed=12), expected)
+    assert bad.pvalue < ALPHA, bad
+
+
+def test_lean_runner_refuses_a_split_model(models):
+    plain, split, _, _ = models
+    with pytest.raises(TypeError, match="offloaded.*HF runner"):
+        LeanRunner(split)
+    LeanRunner(plain)  # the same model resident on one device is fine
+
+
+def test_tune_runs_a_split_model_on_the_hf_runner(models):
+    _, split, _, _ = models
+    setting = sr.tune(split, None, threads=[1], cache=False)
+    assert isinstance(setting.target, HFRunner) and setting.candidate.backend == "hf"
+    gen = sr.autoregressive_generate(setting.target, PROMPT, max_new_tokens=6, temperature=0)
+    assert torch.equal(gen.tokens, sr.autoregressive_generate(split, PROMPT, max_new_tokens=6, temperature=0).tokens)
+
+
+def test_meta_weights_without_hooks_are_a_clear_error():
+    with torch.device("meta"):
+        empty = LlamaForCausalLM(tiny_llama(0, VOCAB).config)
+    with pytest.raises(ValueError, match="meta.*never loaded"):
+        HFRunner(empty)
+    with pytest.raises(ValueError, match="meta.*never loaded"):
+        sr.autoregressive_generate(empty, PROMPT, max_new_tokens=2)
+
+
+def test_meta_input_ids_are_a_clear_error(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(ValueError, match="meta"):
+        sr.speculative_generate(target, draft, PROMPT.to("meta"), max_new_tokens=2)
+
+
+def test_bad_devices_and_maps_are_clear_errors(models):
+    *_, root = models
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match="GPU|CUDA"):
+        sr.load_model(root / "target", device=f"cuda:{gpus}" if gpus else "cuda")
+    with pytest.raises(ValueError, match=f"lm_head.*GPU {gpus}.*{gpus} visible"):
+        sr.load_model(root / "target", device_map=dict(SPLIT, lm_head=gpus))
+    with pytest.raises(ValueError, match="device_map must be one of"):
+        sr.load_model(root / "target", device_map="everywhere")
+    with pytest.raises(ValueError, match="use a GPU index"):
+        sr.load_model(root / "target", device_map=dict(SPLIT, lm_head="tpu"))
+    with pytest.raises(ValueError, match="need a device_map"):
+        sr.load_model(root / "target", max_memory={"cpu": "1GiB"})
+    with pytest.raises(ValueError, match="'meta' holds no weights"):
+        sr.load_model(root / "target", device="meta")
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (listed in the README as unverified)")
+
+
+@cuda
+def test_cpu_generator_drives_a_cuda_target(tiny_pair):
+    """A CPU generator with a CUDA model: draws happen on the CPU, so the same seed gives the same tokens as
+    on the CPU whenever the two devices compute the same distributions (here: greedy and tiny models)."""
+    target, draft = tiny_pair
+    probs = torch.softmax(torch.randn(3, VOCAB), -1)
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert torch.equal(sample(probs.cuda(), g1).cpu(), sample(probs, g2))
+    t, d = target.to("cuda"), draft.to("cuda")
+    try:
+        gen = sr.speculative_generate(t, d, PROMPT, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+        assert len(gen.tokens) == 8
+        cpu_draft = draft.to("cpu")  # a draft on another device than the target
+        gen = sr.speculative_generate(t, cpu_draft, PROMPT, max_new_tokens=8, temperature=0)
+        assert torch.equal(gen.tokens, sr.autoregressive_generate(t, PROMPT, max_new_tokens=8, temperature=0).tokens)
+    finally:
+        target.to("cpu"), draft.to("cpu")
