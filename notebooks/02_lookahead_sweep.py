@@ -26,6 +26,8 @@ target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
 draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
 dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
+device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
+max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 lookaheads = [0, 1, 2, 4]  # the paper sweeps 0..7
 n_news = 1  # news prompts
 n_code = 1  # HumanEval prompts
@@ -51,7 +53,7 @@ os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
                      device=device, lookaheads=lookaheads, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
-q_model, tokenizer = ex.load_target(target, dtype, device)
+q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
 p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
 runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)

@@ -36,6 +36,8 @@ target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
 draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
 dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
+device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
+max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 lookahead = 4  # K, as in the paper
 n_news = 1  # news examples (the paper: 11,305 XSum examples)
 n_code = 1  # HumanEval problems (164), each decoded greedily (pass@1 and similarity to the canonical solution)
@@ -68,7 +70,7 @@ meta = ex.run_header(profile, seed, threads, notebook="03_table1", target=target
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
                      code_top_p=code_top_p, paper_source=ex.PAPER_TABLE1_SOURCE)
-q_model, tokenizer = ex.load_target(target, dtype, device)
+q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
 p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
 runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)

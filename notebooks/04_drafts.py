@@ -25,6 +25,8 @@ threads = 1  # torch threads
 target = "smollm2-135m-instruct"
 dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
+device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
+max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 drafts = ["truncated:2", "lookup"]  # "truncated:N", "model:<id>", or kinds of specrepro.drafts.load
 lookaheads = [1, 2, 4]  # K values (0 is added as the baseline)
 n_news = 1  # held-out news prompts
@@ -47,7 +49,7 @@ os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
                      lookaheads=lookaheads, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
                      temperatures=temperatures, top_p=top_p)
-q_model, tokenizer = ex.load_target(target, dtype, device)
+q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
 # one runner for every draft (so all rows share one ArS baseline): the setting sr.tune measures fastest here
 # for a loop with a free draft (prompt lookup)
 runner, meta["tune"] = ex.tuned_target(q_model, ex.make_draft("lookup", q_model), dtype, threads)

@@ -25,7 +25,7 @@ from .drafts.base import ModelDraft
 from .drafts.lookup import LookupDraft
 from .lean import LeanRunner, is_llama_like, set_threads
 from .profiling import profile_sps
-from .runners import HFRunner
+from .runners import HFRunner, split_reason
 from .machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
 from .speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
 from .tree import parse_tree
@@ -126,9 +126,10 @@ class Setup:
         if self.draft_is_model:
             self.adaptive = {r: ModelDraft(d.runner, confidence_threshold=adaptive_threshold)
                              for r, d in self.drafts.items()}
-        # a LeanRunner for the profile and the memory floor: the first lean-kind runner, else a plain one
-        self.lean_target = next((t for t in self.targets.values() if isinstance(t, LeanRunner)), None) or LeanRunner(
-            target, dtype=dtype)
+        # a LeanRunner for the profile: the first lean-kind runner, else a plain one (None for a split target,
+        # which only the HF runner can run)
+        self.lean_target = next((t for t in self.targets.values() if isinstance(t, LeanRunner)), None) or (
+            LeanRunner(target, dtype=dtype) if split_reason(target) is None else None)
 
     @property
     def hf_twin(self) -> bool:

@@ -12,7 +12,7 @@ import torch
 from .results import machine_info, write_csv, write_json
 from .speculative import autoregressive_generate, speculative_generate
 
-PROFILES = ("smoke", "cpu", "gpu")
+PROFILES = ("smoke", "cpu", "gpu", "gpu-test")
 
 def repo_root() -> Path:
     """The checkout this package lives in (notebooks resolve their output paths against it)."""

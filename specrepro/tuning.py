@@ -318,6 +318,8 @@ def cache_key(machine: dict, target, draft, candidates, max_lookahead: int, extr
         "version": TUNE_VERSION, "cpu": machine["model"], "flags": machine["flags"], "cores": machine["cores"],
         "arch": machine["arch"], "isa_limits": machine.get("isa_limits", {}), "torch": torch.__version__, "target": model_identity(target),
         "draft": None if draft is None else model_identity(draft), "device": str(_device(target)),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
         "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
         "extra_sizes": list(extra_sizes),
     }

@@ -116,13 +116,16 @@ def slug(text: str) -> str:
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 
-def load_target(name_or_path: str, dtype: str = "auto", device="cpu"):
-    """(model, tokenizer); dtype "auto" loads float32 weights and leaves the compute dtype to tuned_target."""
+def load_target(name_or_path: str, dtype: str = "auto", device="cpu", device_map=None, max_memory=None):
+    """(model, tokenizer); dtype "auto" loads float32 weights and leaves the compute dtype to tuned_target.
+    device_map / max_memory split a target too big for one device (sr.load_model, accelerate)."""
     from .models import load_model
 
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
-    return load_model(name_or_path, dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype), device=device)
+    kw = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
+    return load_model(name_or_path, dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype),
+                      device=device, **kw)
 
 
 def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, **tune_kw):
