@@ -162,3 +162,32 @@ def test_an_interrupted_long_run_resumes_exactly(real, empty_home, tmp_path):
     assert [row.split(",")[0] for row in log] == ["step", "1", "2", "3", "4"]
     assert log[1:] != [] and (tmp_path / "whole" / "train_log.csv").read_text().splitlines()[1].split(",")[3] \
         == log[1].split(",")[3]  # the same first loss
+
+
+def test_continue_from_starts_at_the_given_artifact(real, empty_home, tmp_path):
+    model, tokenizer = real
+    cfg = load_config(shipped_root() / "feature" / "config.json")
+    cfg.pop("version", None)
+    tiny = cfg | {"news_tokens": 512, "code_tokens": 512, "shards": 0, "budget_minutes": 60, "max_steps": 3}
+    out = run(tiny, export_dir=tmp_path / "cont", work=tmp_path / "w", continue_from=shipped_root() / "feature",
+              target=model, tokenizer=tokenizer, progress=False, stop_after_steps=0)
+    a = load_file(str(out / "net.safetensors"))
+    b = load_file(str(shipped_root() / "feature" / "net.safetensors"))
+    assert all(torch.equal(a[k], b[k].float()) for k in b)  # zero steps: exactly the artifact it continues
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["continued_from"] == json.loads((shipped_root() / "feature" / MARKER).read_text())["weights_sha256"]
+
+
+def test_tau_card_pools_prompts_and_brackets_tau():
+    from specrepro.drafts.taucard import tau_with_ci
+
+    recs = [{"task": "news", "lookahead": 4, "n_tokens": 64, "target_calls": c} for c in (20, 30, 40, 32)]
+    recs += [{"task": "news", "lookahead": 0, "n_tokens": 64, "target_calls": 64}]  # ArS rows are ignored
+    (row,) = tau_with_ci(recs)
+    assert row["tau"] == pytest.approx(256 / 122) and row["n_prompts"] == 4
+    lo, hi = row["ci95"]
+    assert 64 / 40 <= lo < row["tau"] < hi <= 64 / 20
+    same = [{"task": "code", "lookahead": 4, "n_tokens": 10, "target_calls": 5}] * 3
+    assert tau_with_ci(same)[0]["ci95"] == [2.0, 2.0]
+    with pytest.raises(ValueError, match="no speculative"):
+        tau_with_ci(recs[-1:])
