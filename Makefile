@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export MPLBACKEND := agg
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv
+.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv drafts
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ reproduce: setup
 
 figures: setup
 	$(PY) -m specrepro.reproduce --profile $(PROFILE) --figures-only
+
+# retrain every shipped draft from scratch with its shipped config (artifacts/drafts/<kind>/config.json; each
+# config's budget_minutes of training at one thread, after building its data). The results go to
+# $SPECREPRO_HOME/drafts, which sr.drafts.load prefers to the shipped copies; an interrupted run resumes.
+drafts: setup
+	for cfg in artifacts/drafts/*/config.json; do $(PY) -m specrepro.drafts.longrun --config $$cfg || exit 1; done
 
 lab: notebooks
 	$(VENV)/bin/jupyter lab notebooks/

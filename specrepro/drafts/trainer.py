@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from . import feature, heads, small
+from . import feature, heads, shipped, small
 from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
 from .lookup import LookupDraft, TruncatedDraft
@@ -290,7 +290,10 @@ def find_artifact(kind: str, target_name_: str, root=None) -> Path | None:
 
 
 def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
-    """A ready Draft from a trained artifact (the newest for this kind and target unless `path`)."""
+    """A ready Draft from a trained artifact (the newest for this kind and target unless `path`).
+
+    With no `path` and no `root`, a kind the cache has no artifact of comes from the repository's shipped
+    artifacts (drafts/shipped.py), whose weights are checked against their recorded hash first."""
     from transformers import LlamaForCausalLM
 
     check_kind(kind, KINDS + FREE_KINDS)
@@ -301,10 +304,17 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     if kind == "truncated":
         return TruncatedDraft(target, n_layers=TRUNCATED_LAYERS)
     name = target_name(target)
-    path = Path(path) if path is not None else find_artifact(kind, name, root)
+    if path is None:
+        path = find_artifact(kind, name, root)
+    if path is None and root is None:  # nothing trained here: the artifact shipped with the repository
+        path = shipped.find_shipped(kind, name)
+        if path is not None:
+            shipped.verify(path)
+    path = Path(path) if path is not None else None
     if path is None or not (path / MARKER).exists():
         raise FileNotFoundError(
-            f"no trained {kind!r} draft for target {name!r} under {root or specrepro_home() / 'drafts'}; "
+            f"no trained {kind!r} draft for target {name!r} under {root or specrepro_home() / 'drafts'} "
+            f"and none shipped in {shipped.shipped_root()}; "
             f"train one with: python -m specrepro.drafts.train {kind} --budget-minutes 5"
         )
     cfg = json.loads((path / "config.json").read_text())
