@@ -32,7 +32,9 @@ test: notebooks
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
+# RETRAIN=1 make reproduce: retrain the shipped drafts from scratch first (make drafts), then reproduce with them
 reproduce: setup
+	$(if $(RETRAIN),$(MAKE) drafts)
 	$(PY) -m specrepro.reproduce --profile $(PROFILE)
 
 figures: setup

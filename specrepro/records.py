@@ -12,7 +12,7 @@ import torch
 from .results import machine_info, write_csv, write_json
 from .speculative import autoregressive_generate, speculative_generate
 
-PROFILES = ("smoke", "cpu", "gpu", "gpu-test")
+PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
 
 def repo_root() -> Path:
     """The checkout this package lives in (notebooks resolve their output paths against it)."""
