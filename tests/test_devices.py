@@ -183,3 +183,20 @@ def test_cpu_generator_drives_a_cuda_target(tiny_pair):
         assert torch.equal(gen.tokens, sr.autoregressive_generate(t, PROMPT, max_new_tokens=8, temperature=0).tokens)
     finally:
         target.to("cpu"), draft.to("cpu")
+
+
+def test_bench_runs_a_split_target_on_the_hf_runner(models):
+    """The bench on a split target: our loop on the HF runner (no lean runner can exist), HF generate and
+    HF assisted generation with the same draft, all greedy and equal."""
+    from specrepro import bench
+
+    plain, split, draft, _ = models
+    with pytest.raises(TypeError, match="split|offload"):
+        bench.Setup(split, draft, runners=("hf", "lean"))
+    result = bench.bench(split, draft, [PROMPT], ks=(2,), max_new_tokens=6, reps=1, modes=("greedy",),
+                         runners=("hf",))
+    names = {r["name"] for r in result["summary"]}
+    assert {"ours_ars/hf/greedy", "ours_sps/hf/greedy/K2", "hf_generate/hf/greedy"} <= names
+    assert len({tuple(r["ids"]) for r in result["rows"]}) == 1
+    assert set(result["costs"]) == {"hf"} and result["costs"]["hf"]["v"].keys() == {1, 2}
+    assert result["machine"]["runners"]["hf"]["weight_bytes"] > 0
