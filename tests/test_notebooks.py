@@ -57,7 +57,9 @@ def test_table1_outputs(smoke_outputs):
                                                     ("humaneval", "nucleus")]
                     for m in ("ArS", "SpS")}
     for r in rows:
-        assert r["ms_per_token"] > 0 and r["paper_result"] is not None and r["paper_speedup"] > 0
+        assert r["ms_per_token"] > 0
+        if (r["benchmark"], r["decoding"]) != ("humaneval", "greedy"):  # the paper has no greedy HumanEval row
+            assert r["paper_result"] is not None and r["paper_speedup"] > 0
         if r["benchmark"] == "news":
             assert 0 <= r["result"] <= 1
         elif not (isinstance(r["result"], float) and math.isnan(r["result"])):
