@@ -7,6 +7,8 @@ import os
 import random
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -240,7 +242,9 @@ def test_project_and_home_are_hidden_and_mounts_cannot_be_undone():
         pytest.skip("no mount namespace on this machine: the project tree stays visible (but not writable)")
     code = (
         "import ctypes, os\n"
-        f"print(sorted(os.listdir({str(PROJECT)!r})), sorted(os.listdir({str(Path.home())!r})))\n"
+        "def seen(path):\n"
+        "    return sorted(os.listdir(path)) if os.path.exists(path) else []  # absent under a fresh /tmp\n"
+        f"print(seen({str(PROJECT)!r}), seen({str(Path.home())!r}))\n"
         "print([l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         f"print(libc.umount2({str(PROJECT).encode()!r}, 2), libc.umount2(b'/tmp', 2), ctypes.get_errno())\n"
@@ -285,13 +289,41 @@ def test_paths_holding_the_stdlib_are_read_only_not_hidden(monkeypatch):
     from specrepro.tasks import sandbox
 
     project = Path(sandbox.__file__).resolve().parents[2]
-    home = project.parent  # a HOME that holds both the interpreter and the project
+    home = Path("/usr")  # a HOME that holds the interpreter's stdlib and, below, the cwd (wherever the checkout is)
     monkeypatch.setattr(Path, "home", lambda: home)
-    monkeypatch.chdir("/")
-    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: [str(home / "lib/python3")])
+    monkeypatch.chdir("/usr/share")
+    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3"])
     hidden, read_only = sandbox._private_paths("python3", None)
-    assert read_only == (str(home),) and str(home) not in hidden
-    assert str(project) in hidden and "/" not in hidden + read_only
+    assert read_only == ("/usr",) and "/usr" not in hidden
+    assert "/usr/share" in hidden and "/" not in hidden + read_only
+    assert str(project) in hidden or any(project.is_relative_to(h) for h in read_only)
+
+
+def test_a_checkout_under_tmp_is_hidden_by_the_fresh_tmp_and_its_venv_python_is_not_used(monkeypatch):
+    """A project cloned into /tmp (or a venv there): the private tmpfs over /tmp already hides it, so it is
+    reported hidden but not mounted over, and a venv python there is replaced by the binary it links to."""
+    from specrepro.tasks import sandbox
+
+    checkout = Path(tempfile.mkdtemp(prefix="specrepro-checkout-", dir="/tmp"))
+    monkeypatch.chdir(checkout)
+    try:
+        _check_checkout_under_tmp(sandbox, monkeypatch, checkout)
+    finally:
+        shutil.rmtree(checkout)
+
+
+def _check_checkout_under_tmp(sandbox, monkeypatch, checkout):
+    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3"])
+    hidden, read_only = sandbox._private_paths("python3", None)
+    assert str(checkout) in hidden and not any(checkout.is_relative_to(r) for r in read_only)
+    spec = sandbox._private_spec("/tmp/scratch", hidden, read_only, 1 << 20, hide_proc=True)
+    assert str(checkout) not in spec["hide"]  # nothing to mount: it does not exist under the fresh /tmp
+    python = checkout / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    assert sandbox._visible_interpreter(str(python), (str(checkout),)) == os.path.realpath(sys.executable)
+    copied = checkout / "copied-python"
+    copied.write_bytes(b"")
+    assert sandbox._visible_interpreter(str(copied), (str(checkout),)) is None  # then no private dirs, not a broken run
 
 
 def test_sandbox_info_falls_back_when_mounts_fail(monkeypatch):

@@ -81,7 +81,8 @@ Containment, layer by layer (``sandbox_info()`` says which layers this machine h
   the new user namespace, mounts fresh tmpfs over /tmp, /dev/shm, /var/tmp
   and /run/lock (so whatever the program leaves there vanishes with it),
   an empty read-only tmpfs over the project tree, the caller's cwd and
-  HOME (``hidden``; one holding the interpreter's standard library is
+  HOME (``hidden``; one under /tmp is simply absent under the fresh tmpfs;
+  one holding the interpreter's standard library is
   bound read-only instead, ``read_only``), a fresh /proc showing only its
   own processes, then drops every capability (bounding set, securebits
   locked, no_new_privs), so it cannot unmount any of it. Packages
@@ -347,6 +348,7 @@ UNSHARE_FLAGS = ("--user", "--net", "--pid", "--fork", "--kill-child")
 PRIVATE_FLAGS = ("--map-root-user", "--mount", "--mount-proc")
 TOKEN_BYTES = 64  # hex characters of a 256-bit secret
 SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", "/run/lock")
+PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock")  # each replaced by a fresh tmpfs (make_private)
 
 
 @dataclass(frozen=True)
@@ -489,8 +491,12 @@ def _private_paths(interpreter: str, uid: int | None) -> tuple[tuple[str, ...], 
     hidden: list[str] = []
     read_only: list[str] = []
     for path in sorted({os.path.realpath(c) for c in candidates}, key=len):
-        if (path == "/" or not os.path.isdir(path) or any(_within(path, s) for s in SYSTEM_PATHS)
-                or any(_within(path, h) for h in hidden)):
+        if path == "/" or not os.path.isdir(path) or any(_within(path, h) for h in hidden):
+            continue
+        if any(_within(path, p) for p in PRIVATE_DIRS):
+            hidden.append(path)  # under a dir the sandbox replaces by a fresh tmpfs: absent there, no mount needed
+            continue
+        if any(_within(path, s) for s in SYSTEM_PATHS):
             continue
         if not any(_within(n, path) for n in needed):
             hidden.append(path)  # mounted after the read-only binds, so this works inside one too
@@ -511,8 +517,18 @@ def _probe_private(interpreter: str, unshare: str, uid: int | None, hidden, read
         return _probe([unshare, *UNSHARE_FLAGS, *PRIVATE_FLAGS, *_harness(interpreter, spec)], uid)
 
 
+def _visible_interpreter(interpreter: str, hidden) -> str | None:
+    """The interpreter as a path the private namespace still shows: a venv's python inside a hidden tree
+    or under /tmp (e.g. a checkout in /tmp) is replaced by the binary it links to; None if that is hidden too."""
+    for path in (interpreter, os.path.realpath(interpreter)):
+        if not any(_within(path, h) for h in (*hidden, *PRIVATE_DIRS)):
+            return path
+    return None
+
+
 def _private_spec(scratch: str, hidden, read_only, tmp_bytes: int, hide_proc: bool) -> dict:
-    return {"scratch": "/tmp/" + os.path.basename(scratch), "hide": list(hidden), "read_only": list(read_only),
+    mounts = [h for h in hidden if not any(_within(h, p) for p in PRIVATE_DIRS)]
+    return {"scratch": "/tmp/" + os.path.basename(scratch), "hide": mounts, "read_only": list(read_only),
             "tmp_bytes": tmp_bytes, "hide_proc": hide_proc}
 
 
@@ -529,9 +545,12 @@ def sandbox_info() -> SandboxInfo:
     if not namespaces:
         return SandboxInfo(interpreter, uid_drop, False, None)
     hidden, read_only = _private_paths(interpreter, uid)
-    if not _probe_private(interpreter, unshare, uid, hidden, read_only):
+    visible = _visible_interpreter(interpreter, hidden)
+    if visible is not None and visible != interpreter:
+        hidden, read_only = _private_paths(visible, uid)
+    if visible is None or not _probe_private(visible, unshare, uid, hidden, read_only):
         return SandboxInfo(interpreter, uid_drop, True, unshare)
-    return SandboxInfo(interpreter, uid_drop, True, unshare, True, hidden, read_only)
+    return SandboxInfo(visible, uid_drop, True, unshare, True, hidden, read_only)
 
 
 def _command(info: SandboxInfo, spec: dict) -> list[str]:
