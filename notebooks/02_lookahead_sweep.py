@@ -14,7 +14,9 @@
 # mean token time and its speedup over K = 0, mean accepted tokens / (K+1), time per loop, per-token latency
 # percentiles, and the speedup Leviathan et al. predict from acceptance a, the draft/target cost ratio c and
 # the verify cost v(K) = (target pass over K+1 tokens) / (one-token pass), all measured in this run.
-# Token times exclude the prompt prefill (identical for ArS and SpS).
+# Token times exclude the prompt prefill (identical for ArS and SpS). Token trees (`trees`) run beside the
+# chains on the same prompts: one target pass verifies the whole tree (specrepro.tree); in the figure they are
+# stars at K = their depth, and their v is the pass over nodes + 1 tokens.
 
 # %% tags=["parameters"]
 profile = "smoke"  # smoke | cpu | gpu
@@ -29,6 +31,7 @@ device = "cpu"
 device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
 max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 lookaheads = [0, 1, 2, 4]  # the paper sweeps 0..7
+trees = ["2x2"]  # token trees run beside the chains ("WIDTHxDEPTH[/NODES]", e.g. "3x4/12"; [] for none)
 n_news = 1  # news prompts
 n_code = 1  # HumanEval prompts
 max_new_tokens = 8  # tokens per generation (the paper: 128)
@@ -51,7 +54,7 @@ from specrepro import experiments as ex, plots
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
-                     device=device, lookaheads=lookaheads, max_new_tokens=max_new_tokens, temperature=temperature,
+                     device=device, lookaheads=lookaheads, trees=trees, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
 q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
 p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
@@ -64,11 +67,11 @@ meta["prompt_sources"] = {t: items[0]["source"] for t, items in prompts.items()}
 out = ex.run_lookahead_sweep(runner, p_model, prompts, lookaheads, max_new_tokens,
                              {"temperature": temperature, "top_p": top_p},
                              Path(results_dir) / f"lookahead_sweep-{ex.slug(draft)}.jsonl", seed=seed,
-                             eos=ex.eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats)
+                             eos=ex.eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats, trees=trees)
 meta["costs"] = out["costs"]
 ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
 Image(plots.plot_lookahead(out_dir)[0])
 
 # %%
-Markdown(ex.markdown_table(out["rows"], ["task", "K", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1",
+Markdown(ex.markdown_table(out["rows"], ["task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1",
                                          "ms_per_loop", "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"]))

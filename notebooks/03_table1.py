@@ -39,6 +39,7 @@ device = "cpu"
 device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
 max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 lookahead = 4  # K, as in the paper
+tree = None  # None: SpS verifies a chain of K tokens (the paper); "WIDTHxDEPTH[/NODES]" (e.g. "3x4"): a token tree
 n_news = 1  # news examples (the paper: 11,305 XSum examples)
 n_code = 1  # HumanEval problems (164), each decoded greedily (pass@1 and similarity to the canonical solution)
 n_code_nucleus = 1  # of those, how many get nucleus samples (code_samples each)
@@ -66,7 +67,7 @@ from specrepro import experiments as ex, plots
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
-                     device=device, lookahead=lookahead, n_news=n_news, n_code=n_code, code_samples=code_samples,
+                     device=device, lookahead=lookahead, tree=tree, n_news=n_news, n_code=n_code, code_samples=code_samples,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
                      code_top_p=code_top_p, paper_source=ex.PAPER_TABLE1_SOURCE)
@@ -84,12 +85,12 @@ settings = {"news": {"nucleus": {"temperature": news_temperature, "top_p": news_
 rows = ex.run_table1(runner, p_model, tokenizer, news, code, settings,
                      Path(results_dir) / f"table1-{ex.slug(draft)}.jsonl", lookahead=lookahead,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
-                     code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed)
+                     code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed, tree=tree)
 ex.write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
-Markdown(ex.markdown_table(rows, ["benchmark", "decoding", "method", "n_items", "metric", "result", "result_ci_low",
+Markdown(ex.markdown_table(rows, ["benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
                                   "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup",
                                   "speedup_ci_low", "speedup_ci_high", "paper_speedup", "tau", "identical_text",
                                   "quality_wilcoxon_p"]))

@@ -29,6 +29,7 @@ device_map = None  # "auto" or a dict: split a target too big for one device (ac
 max_memory = None  # e.g. {0: "70GiB", 1: "70GiB", "cpu": "100GiB"} with device_map
 drafts = ["truncated:2", "lookup"]  # "truncated:N", "model:<id>", or kinds of specrepro.drafts.load
 lookaheads = [1, 2, 4]  # K values (0 is added as the baseline)
+trees = ["2x2"]  # token trees each draft also runs ("WIDTHxDEPTH[/NODES]"; [] for chains only)
 n_news = 1  # held-out news prompts
 n_code = 1  # HumanEval prompts
 max_new_tokens = 8
@@ -47,7 +48,7 @@ from specrepro import experiments as ex, plots
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
-                     lookaheads=lookaheads, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
+                     lookaheads=lookaheads, trees=trees, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
                      temperatures=temperatures, top_p=top_p)
 q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
 # one runner for every draft (so all rows share one ArS baseline): the setting sr.tune measures fastest here
@@ -56,12 +57,12 @@ runner, meta["tune"] = ex.tuned_target(q_model, ex.make_draft("lookup", q_model)
 prompts = {"news": ex.news_items(tokenizer, n_news), "code": ex.code_items(tokenizer, n_code)}
 rows = ex.measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
                          Path(results_dir) / "drafts.jsonl", seed=seed, eos=ex.eos_ids(tokenizer), top_p=top_p,
-                         dtype=q_model.dtype, runner=runner)
+                         dtype=q_model.dtype, runner=runner, trees=trees)
 ex.write_outputs(out_dir, "drafts", rows, meta)
 Image(plots.plot_drafts(out_dir)[0])
 
 # %% [markdown]
-# The best K per draft, task and temperature (highest measured speedup):
+# The best setting (chain K or tree) per draft, task and temperature (highest measured speedup):
 
 # %%
 best = {}
@@ -69,5 +70,5 @@ for r in rows:
     key = (r["draft"], r["task"], r["temperature"])
     if key not in best or r["speedup"] > best[key]["speedup"]:
         best[key] = r
-Markdown(ex.markdown_table(list(best.values()), ["draft", "task", "temperature", "K", "a", "tau", "c", "v", "speedup",
+Markdown(ex.markdown_table(list(best.values()), ["draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup",
                                                   "predicted_speedup"]))

@@ -102,9 +102,9 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     return out
 
 
-def measure_costs(target, draft, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0) -> dict:
+def measure_costs(target, draft, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0, extra_sizes=()) -> dict:
     """Costs of one (target, draft) pair: see measure_cost_table."""
-    return measure_cost_table({"": (target, draft)}, prefix, ks, reps, seed)[""]
+    return measure_cost_table({"": (target, draft)}, prefix, ks, reps, seed, extra_sizes)[""]
 
 
 def from_json(costs: dict) -> dict:

@@ -28,6 +28,7 @@ from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
 from .speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
 from .tasks.humaneval import check_completion, extract_completion, pass_at_k
 from .tasks.news import rouge2
+from .tree import tree_specs
 from .workloads import code_items, eos_ids, load_target, make_draft, news_items, slug, tuned_target  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------------
@@ -36,45 +37,56 @@ from .workloads import code_items, eos_ids, load_target, make_draft, news_items,
 
 def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
                         sampling: dict, results_path, seed: int = 0, eos=None, repeats: int = 1,
-                        cost_repeats: int = 7) -> dict:
+                        cost_repeats: int = 7, trees=()) -> dict:
     """Generate every prompt at every K (K = 0 is ArS), interleaving K per prompt so load drifts hit all K.
 
-    prompts: {task: [{id, prompt_ids}]}. Returns {"rows": per (task, K) summary, "costs": per task}.
+    prompts: {task: [{id, prompt_ids}]}. trees: token trees (TreeSpecs or 'WIDTHxDEPTH[/NODES]') run beside
+    the chains, each on the same prompts and seeds, with its pass over nodes + 1 tokens costed too.
+    Returns {"rows": per (task, K or tree) summary, "costs": per task}.
     """
     results = ResultsFile(results_path)
     lookaheads = sorted(set(lookaheads) | {0})
+    trees = tree_specs(trees)
+    settings = [(k, None) for k in lookaheads] + [(t.depth, t) for t in trees]
     costs = {}
     for task, items in prompts.items():
         key = f"costs/{task}"
+        sizes = [t.nodes + 1 for t in trees]
+        if key in results and not all(n - 1 in from_json(results.records[key])["v"] for n in sizes):
+            key = f"costs/{task}/trees{'-'.join(map(str, trees))}"  # measured before these trees were asked for
         if key not in results:
-            measured = measure_costs(target, draft, items[0]["prompt_ids"], lookaheads, cost_repeats)
+            measured = measure_costs(target, draft, items[0]["prompt_ids"], lookaheads, cost_repeats,
+                                     extra_sizes=sizes)
             results.append({"key": key, **measured})
         costs[task] = from_json({k: v for k, v in results.records[key].items() if k != "key"})
-    todo = [(task, it, r, k) for task, items in prompts.items() for it in items for r in range(repeats)
-            for k in lookaheads]
-    for task, it, r, k in tqdm(todo, desc="lookahead sweep"):
-        key = f"{task}/{it['id']}/rep{r}/K{k}"
+    todo = [(task, it, r, k, t) for task, items in prompts.items() for it in items for r in range(repeats)
+            for k, t in settings]
+    for task, it, r, k, t in tqdm(todo, desc="lookahead sweep"):
+        key = f"{task}/{it['id']}/rep{r}/" + (f"tree{t}" if t else f"K{k}")
         if key in results:
             continue
         gen = generate_item(target, draft, it["prompt_ids"], k, max_new_tokens, sampling, eos,
-                            generator(seed, f"{task}/{it['id']}/rep{r}"))
-        results.append(generation_record(gen, key, task=task, item=it["id"], lookahead=k, rep=r))
-    rows = summarise_sweep(results.values(), costs, lookaheads)
+                            generator(seed, f"{task}/{it['id']}/rep{r}"), tree=t)
+        results.append(generation_record(gen, key, task=task, item=it["id"], lookahead=k, rep=r,
+                                         **({"tree": str(t), "nodes": t.nodes} if t else {})))
+    rows = summarise_sweep(results.values(), costs, lookaheads, trees)
     return {"rows": rows, "costs": costs}
 
 
-def summarise_sweep(records: list[dict], costs: dict, lookaheads) -> list[dict]:
-    """Per (task, K): ms/token, speedup over K = 0 on the same prompts and tau, each with a bootstrap 95%
-    CI over prompts; acceptance, latency percentiles, and the Leviathan prediction from a, c and v(K)."""
+def summarise_sweep(records: list[dict], costs: dict, lookaheads, trees=()) -> list[dict]:
+    """Per (task, K), then per (task, tree): ms/token, speedup over K = 0 on the same prompts and tau, each
+    with a bootstrap 95% CI over prompts; acceptance, latency percentiles, and for chains the Leviathan
+    prediction from a, c and v(K) (a tree row's v is its pass over nodes + 1 tokens; no prediction)."""
     gens = [r for r in records if "lookahead" in r]
+    settings = [(k, None) for k in lookaheads] + [(t.depth, str(t)) for t in tree_specs(trees)]
     rows = []
     for task in sorted({r["task"] for r in gens}):
         mine = [r for r in gens if r["task"] == task]
-        spec = [r for r in mine if r["lookahead"] > 0]
+        spec = [r for r in mine if r["lookahead"] > 0 and not r.get("tree")]
         a = acceptance_mle(sum((r["accepted"] for r in spec), []), sum((r["proposed"] for r in spec), []))
         base = {(r["item"], r["rep"]): r for r in mine if r["lookahead"] == 0}
-        for k in lookaheads:
-            rs = [r for r in mine if r["lookahead"] == k]
+        for k, tree in settings:
+            rs = [r for r in mine if r["lookahead"] == k and r.get("tree") == tree]
             if not rs:
                 continue
             tokens = sum(r["n_tokens"] for r in rs)
@@ -92,19 +104,22 @@ def summarise_sweep(records: list[dict], costs: dict, lookaheads) -> list[dict]:
             else:
                 speedup = sp_lo = sp_hi = float("nan")
             c = costs[task].get("c", float("nan"))
-            v = costs[task]["v"].get(k, float("nan")) if k else 1.0
+            nodes = rs[0]["nodes"] if tree else k
+            v = costs[task]["v"].get(nodes, float("nan")) if nodes else 1.0
             rows.append({
-                "task": task, "K": k, "n_generations": len(rs), "n_items": len({r["item"] for r in rs}),
+                "task": task, "K": k, "tree": tree or "", "nodes": nodes,
+                "n_generations": len(rs), "n_items": len({r["item"] for r in rs}),
                 "tokens": tokens, "total_seconds": seconds, "ms_per_token": decode_ms_per_token(rs),
                 "speedup": speedup, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
                 "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi, "tau_over_K1": tau / (k + 1),
                 "acceptance_rate": (sum(acc) / sum(prop)) if sum(prop) else float("nan"),
-                "acceptance_mle_K": acceptance_mle(acc, prop) if k else float("nan"),
+                "acceptance_mle_K": acceptance_mle(acc, prop) if k and not tree else float("nan"),
                 "ms_per_loop": 1000 * statistics.median(loops),
                 "p50_ms": 1000 * float(np.percentile(lat, 50)), "p90_ms": 1000 * float(np.percentile(lat, 90)),
                 "p99_ms": 1000 * float(np.percentile(lat, 99)),
-                "a": a, "c": c, "v": v, "expected_tokens": expected_tokens(a, k) if k else 1.0,
-                "predicted_speedup": predicted_speedup(a, k, c, v),
+                "a": a, "c": c, "v": v,
+                "expected_tokens": float("nan") if tree else expected_tokens(a, k) if k else 1.0,
+                "predicted_speedup": float("nan") if tree else predicted_speedup(a, k, c, v),
             })
     return rows
 
@@ -131,13 +146,17 @@ PAPER_TABLE1_SOURCE = (
 
 def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], settings: dict, results_path,
                lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
-               code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0) -> list[dict]:
+               code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0,
+               tree=None) -> list[dict]:
     """ArS and SpS on each benchmark/decoding setting; one resumable item per (row, example, sample).
 
     settings: {"news": {"nucleus": {...sampling...}, "greedy": {...}}, "humaneval": {"nucleus": {...}}}; a
     setting's optional "n_items" runs it on the first n items only (e.g. nucleus samples on a subset).
+    tree: SpS verifies this token tree (a TreeSpec or 'WIDTHxDEPTH[/NODES]') per target call instead of a
+    chain of `lookahead` tokens. The summary covers exactly this call's items.
     """
     results = ResultsFile(results_path)
+    tree = tree_specs([tree])[0] if tree is not None else None
     eos = eos_ids(tokenizer)
     todo = []
     for bench, items, samples, max_new in (("news", news, 1, news_max_new_tokens),
@@ -150,15 +169,18 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
                 for s in range(n_samples):
                     for method, k in (("ArS", 0), ("SpS", lookahead)):
                         todo.append((bench, decoding, sampling, max_new, it, s, method, k))
+    keys = []
     for bench, decoding, sampling, max_new, it, s, method, k in tqdm(todo, desc="table 1"):
-        key = f"{bench}/{decoding}/{method}/{it['id']}/s{s}"
+        shape = tree if method == "SpS" else None
+        key = f"{bench}/{decoding}/{method}/{it['id']}/s{s}" + (f"/tree{shape}" if shape else "")
+        keys.append(key)
         if key in results:
             continue
         gen = generate_item(target, draft, it["prompt_ids"], k, max_new, sampling, eos,
-                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"))
+                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"), tree=shape)
         text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
-                 "text": text}
+                 "text": text, **({"tree": str(shape)} if shape else {})}
         if bench == "news":
             extra["score"] = rouge2(text, it["reference"])
         else:
@@ -166,7 +188,8 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
             extra["status"] = check_completion(it["problem"], completion, timeout=check_timeout).status
             extra["similarity"] = code_similarity(completion, it["problem"].canonical_solution)
         results.append(generation_record(gen, key, **extra))
-    return summarise_table1(results.values(), pass_k)
+    wanted = set(keys)  # in key order, as every summary bootstraps (resumed runs and merged shards alike)
+    return summarise_table1([r for r in results.values() if r["key"] in wanted], pass_k)
 
 
 def code_similarity(completion: str, canonical: str) -> float:
@@ -198,7 +221,8 @@ def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
             tokens = [r["n_tokens"] for r in rs]
             ms, ms_lo, ms_hi = (1000 * v for v in ratio_ci(seconds, tokens))
             tau, tau_lo, tau_hi = ratio_ci(tokens, [r["target_calls"] for r in rs])
-            row = {"benchmark": bench, "decoding": decoding, "method": method, "n_generations": len(rs),
+            row = {"benchmark": bench, "decoding": decoding, "method": method, "tree": rs[0].get("tree", ""),
+                   "n_generations": len(rs),
                    "n_items": len({r["item"] for r in rs}), "ms_per_token": ms, "ms_per_token_ci_low": ms_lo,
                    "ms_per_token_ci_high": ms_hi, "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi}
             if bench == "news":
@@ -265,8 +289,9 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
 
 def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
                    temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=torch.float32,
-                   runner=None) -> list[dict]:
-    """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup.
+                   runner=None, trees=()) -> list[dict]:
+    """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup;
+    with `trees` (TreeSpecs or 'WIDTHxDEPTH[/NODES]'), also each token tree's tau and speedup per draft.
 
     prompts: {task: [{id, prompt_ids}]} (held-out news and HumanEval). Each (draft, temperature) is one
     resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
@@ -280,10 +305,12 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
         for temp in temperatures:
             sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}{path.suffix}")
             out = run_lookahead_sweep(runner if runner is not None else target, draft, prompts, lookaheads, max_new_tokens,
-                                      {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos)
+                                      {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos,
+                                      trees=trees)
             for r in out["rows"]:
                 if r["K"] > 0:
-                    rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"], "a": r["a"],
+                    rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"],
+                                 "tree": r["tree"], "nodes": r["nodes"], "a": r["a"],
                                  "acceptance_rate": r["acceptance_rate"], "tau": r["tau"],
                                  "tau_ci_low": r["tau_ci_low"], "tau_ci_high": r["tau_ci_high"], "c": r["c"],
                                  "v": r["v"], "speedup": r["speedup"], "speedup_ci_low": r["speedup_ci_low"],

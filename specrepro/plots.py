@@ -97,8 +97,12 @@ def plot_lookahead(out_dir, name: str = "lookahead_sweep") -> list[str]:
     rows = read_csv(out_dir / f"{name}.csv")
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
     for task in dict.fromkeys(r["task"] for r in rows):
-        rs = sorted((r for r in rows if r["task"] == task), key=lambda r: r["K"])
+        rs = sorted((r for r in rows if r["task"] == task and not r.get("tree")), key=lambda r: r["K"])
         color, label = TASK_STYLE.get(task, (None, task))
+        for t in (r for r in rows if r["task"] == task and r.get("tree")):  # token trees: one marker each, at K = depth
+            for ax, key in ((axes[0], "ms_per_token"), (axes[1], "tau_over_K1"), (axes[2], "ms_per_loop"),
+                            (axes[3], "speedup")):
+                ax.plot([t["K"]], [t[key]], "*", color=color, ms=8, label=f"{label} tree {t['tree']}")
         ks = [r["K"] for r in rs]
         axes[0].plot(ks, [r["ms_per_token"] for r in rs], "--o", color=color, label=label, ms=3)
         axes[0].fill_between(ks, [r["p50_ms"] for r in rs], [r["p90_ms"] for r in rs], color=color, alpha=0.15)
@@ -165,9 +169,13 @@ def plot_drafts(out_dir, name: str = "drafts") -> list[str]:
     for col, (task, temp) in enumerate(panels):
         mine = [r for r in rows if (r.get("task", ""), r.get("temperature", "")) == (task, temp)]
         for d in dict.fromkeys(r["draft"] for r in mine):
-            rs = sorted((r for r in mine if r["draft"] == d), key=lambda r: r["K"])
+            rs = sorted((r for r in mine if r["draft"] == d and not r.get("tree")), key=lambda r: r["K"])
             ks = [r["K"] for r in rs]
             line, = axes[0, col].plot(ks, [r["tau"] for r in rs], "-o", ms=3, label=d)
+            for t in (r for r in mine if r["draft"] == d and r.get("tree")):  # trees: stars at K = depth
+                axes[0, col].plot([t["K"]], [t["tau"]], "*", ms=8, color=line.get_color(), label=f"{d} tree {t['tree']}")
+                if not _nan(t.get("speedup")):
+                    axes[1, col].plot([t["K"]], [t["speedup"]], "*", ms=8, color=line.get_color())
             _band(axes[0, col], ks, rs, "tau", line.get_color())
             if all(not _nan(r.get("speedup")) for r in rs):
                 axes[1, col].plot(ks, [r["speedup"] for r in rs], "-o", ms=3, color=line.get_color(), label=f"{d}")
@@ -176,7 +184,7 @@ def plot_drafts(out_dir, name: str = "drafts") -> list[str]:
                 axes[1, col].plot(ks, [r["predicted_speedup"] for r in rs], ":", color=line.get_color())
         title = " ".join(str(x) for x in (task, f"T={temp}" if temp != "" else "") if x)
         axes[0, col].set(xlabel="K", ylabel="tokens per target call (tau)", title=title)
-        axes[1, col].set(xlabel="K", ylabel="speedup vs ArS (dotted: predicted; bands: 95% CI)")
+        axes[1, col].set(xlabel="K (trees: depth)", ylabel="speedup vs ArS (dotted: predicted; bands: 95% CI)")
         axes[1, col].axhline(1, color="gray", lw=0.5)
         axes[0, col].legend(fontsize=6)
     fig.tight_layout()

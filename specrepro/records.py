@@ -58,11 +58,13 @@ def generation_record(gen, key: str, **extra) -> dict:
         "proposed": gen.proposed, "loop_seconds": gen.loop_seconds, "emitted": emitted, **extra,
     }
 
-def generate_item(target, draft, prompt_ids, lookahead: int, max_new_tokens: int, sampling: dict, eos, gen):
+def generate_item(target, draft, prompt_ids, lookahead: int, max_new_tokens: int, sampling: dict, eos, gen,
+                  tree=None):
+    """ArS for lookahead 0, else SpS with a chain of `lookahead` tokens or, given a TreeSpec, a token tree."""
     kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, generator=gen, **sampling)
-    if lookahead == 0:
+    if lookahead == 0 and tree is None:
         return autoregressive_generate(target, prompt_ids, **kw)
-    return speculative_generate(target, draft, prompt_ids, lookahead=lookahead, **kw)
+    return speculative_generate(target, draft, prompt_ids, lookahead=tree.depth if tree else lookahead, tree=tree, **kw)
 
 def decode_ms_per_token(records: list[dict]) -> float:
     """Mean token time of the decode loops (the prompt prefill is excluded, as it is the same for ArS and SpS)."""

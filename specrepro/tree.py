@@ -113,6 +113,23 @@ def parse_tree(text: str) -> TreeSpec:
         raise ValueError(f"tree must look like WIDTHxDEPTH or WIDTHxDEPTH/NODES (e.g. 3x4), got {text!r}: {err}")
 
 
+def tree_specs(trees) -> list[TreeSpec]:
+    """TreeSpecs from a list of TreeSpecs and/or 'WIDTHxDEPTH[/NODES]' strings (None or [] -> [])."""
+    if trees is None:
+        return []
+    if isinstance(trees, (str, TreeSpec)):
+        raise TypeError(f"trees must be a list of tree specs (e.g. ['2x4']), got the single {trees!r}")
+    out = []
+    for t in trees:
+        if isinstance(t, TreeSpec):
+            out.append(t)
+        elif isinstance(t, str):
+            out.append(parse_tree(t))
+        else:
+            raise TypeError(f"a tree must be a TreeSpec or a string like '3x4', got {type(t).__name__}")
+    return out
+
+
 @dataclass
 class Tree:
     """Draft nodes in level order (parents before children; siblings in the order they were drawn).

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import specrepro as sr
+from specrepro.tree import tree_specs
 from conftest import tiny_llama
 
 
@@ -133,6 +134,10 @@ def _bad_inputs():
          "n_tokens must be an integer >= 1"),
         ("exact_joint n_tokens < 0", lambda: exact_joint(model, PROMPT, -2, SamplingConfig()), ValueError,
          "n_tokens"),
+        ("trees as one string", lambda: tree_specs("2x4"), TypeError, "list of tree specs"),
+        ("tree of a wrong type", lambda: tree_specs([3]), TypeError, "TreeSpec or a string"),
+        ("tree of a wrong shape", lambda: tree_specs(["2by4"]), ValueError, "WIDTHxDEPTH"),
+        ("tree width 0", lambda: tree_specs(["0x4"]), ValueError, "width must be an integer >= 1"),
         ("lookup vocab", lambda: sr.drafts.LookupDraft(0), ValueError, "vocab_size must be an integer >= 1"),
         ("lookup vocab type", lambda: sr.drafts.LookupDraft("49152"), ValueError, "vocab_size"),
         ("lookup ngram", lambda: sr.drafts.LookupDraft(10, max_ngram=1, min_ngram=2), ValueError,

@@ -87,14 +87,18 @@ def test_measure_cli_writes_the_drafts_table(tmp_path, smollm):
     out = tmp_path / "fig" / "measure"
     rows = measure.main(["--drafts", "lookup", "--ks", "1,2", "--news", "1", "--code", "1", "--temps", "0",
                          "--new-tokens", "4", "--dtype", "float32", "--threads", "1",
-                         "--results", str(tmp_path / "runs" / "m.jsonl"), "--out", str(out)])
-    assert {(r["task"], r["K"]) for r in rows} == {("news", 1), ("news", 2), ("code", 1), ("code", 2)}
+                         "--results", str(tmp_path / "runs" / "m.jsonl"), "--out", str(out), "--tree", "2x2"])
+    assert {(r["task"], r["K"], r["tree"]) for r in rows} == {
+        (task, k, tree) for task in ("news", "code") for k, tree in ((1, ""), (2, ""), (2, "2x2"))}
     assert all(r["tau"] >= 1 and r["v"] > 0 and r["c"] > 0 for r in rows)
+    tree_rows = [r for r in rows if r["tree"]]
+    assert all(r["nodes"] == 6 and r["predicted_speedup"] != r["predicted_speedup"] for r in tree_rows)  # nan
     assert out.with_suffix(".csv").exists() and out.with_suffix(".json").exists()
 
 
 @pytest.mark.parametrize("argv, message", [(["--ks", "0"], "1..32"), (["--temps", "-1"], "--temps"),
-                                           (["--new-tokens", "0"], "--new-tokens")])
+                                           (["--new-tokens", "0"], "--new-tokens"),
+                                           (["--tree", "2by4"], "WIDTHxDEPTH")])
 def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
     from specrepro.drafts import measure
 

@@ -44,10 +44,14 @@ def test_lookahead_outputs(smoke_outputs):
         assert r["ms_per_token"] > 0 and r["total_seconds"] > 0
         assert 0 < r["tau_over_K1"] <= 1
         assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
-        assert 0 <= r["a"] <= 1 and r["c"] > 0 and r["v"] > 0
-        assert r["predicted_speedup"] > 0 and r["speedup"] > 0
+        assert 0 <= r["a"] <= 1 and r["c"] > 0 and r["v"] > 0 and r["speedup"] > 0
+        if r["tree"]:  # the notebook's default tree, beside the chains: no i.i.d. prediction for a tree
+            assert r["tree"] == "2x2" and r["K"] == 2 and r["nodes"] == 6 and math.isnan(r["predicted_speedup"])
+        else:
+            assert r["predicted_speedup"] > 0
         if r["K"] == 0:
             assert r["speedup"] == 1.0 and r["tau"] == 1.0
+    assert {r["task"] for r in rows if r["tree"]} == {"news", "code"}
 
 
 def test_table1_outputs(smoke_outputs):
@@ -64,6 +68,7 @@ def test_table1_outputs(smoke_outputs):
             assert 0 <= r["result"] <= 1
         elif not (isinstance(r["result"], float) and math.isnan(r["result"])):
             assert 0 <= r["result"] <= 1
+    assert {r["tree"] for r in rows if r["method"] == "SpS"} == {"2x2"}  # the smoke profile's SpS verifies a tree
     # greedy SpS must produce exactly the greedy ArS text, so the scores agree
     greedy = {r["method"]: r["result"] for r in rows if r["decoding"] == "greedy"}
     assert greedy["ArS"] == pytest.approx(greedy["SpS"])
@@ -71,11 +76,14 @@ def test_table1_outputs(smoke_outputs):
 
 def test_drafts_outputs(smoke_outputs):
     rows = read_csv(smoke_outputs / "drafts.csv")
-    assert rows and all(r["tau"] >= 1 and r["c"] > 0 and r["v"] > 0 and r["predicted_speedup"] > 0 for r in rows)
+    assert rows and all(r["tau"] >= 1 and r["c"] > 0 and r["v"] > 0 for r in rows)
+    assert all(r["predicted_speedup"] > 0 for r in rows if not r["tree"])
     # every draft on both tasks at both temperatures and every K of the smoke profile
     assert {(r["draft"], r["task"], r["temperature"], r["K"]) for r in rows} == {
         (d, t, temp, k) for d in ("truncated:2", "lookup") for t in ("news", "code") for temp in (0.0, 1.0)
         for k in (1, 2, 4)}
+    assert {(r["draft"], r["task"], r["temperature"]) for r in rows if r["tree"] == "2x2"} == {
+        (d, t, temp) for d in ("truncated:2", "lookup") for t in ("news", "code") for temp in (0.0, 1.0)}
     assert (smoke_outputs / "drafts.png").exists()
 
 

@@ -2,7 +2,7 @@
 
 python -m specrepro.drafts.measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
     [--temps 0 1] [--new-tokens 24] [--dtype bfloat16] [--threads 2] [--out figures/drafts/measure]
-    [--tree 3x4 ...]   (also tau of token trees against the chains, timing-free: specrepro.tree_tau)
+    [--tree 3x4 ...]   (each draft also verifies these token trees, timed and on the same prompts)
 
 Held-out prompts: news eval articles (chat template, summarisation request) and HumanEval prompts. Each
 (draft, temperature) is one lookahead sweep with ArS as its baseline, timed in this run; items are kept in
@@ -18,11 +18,10 @@ import torch
 from .trainer import FREE_KINDS, KINDS
 from .. import experiments as ex
 from ..bench import parse_ks
-from .. import tree_tau
 from ..lean import set_threads
 from ..tree import parse_tree
 
-COLUMNS = ["draft", "task", "temperature", "K", "a", "acceptance_rate", "tau", "c", "v", "speedup",
+COLUMNS = ["draft", "task", "temperature", "K", "tree", "a", "acceptance_rate", "tau", "c", "v", "speedup",
            "predicted_speedup", "ms_per_token"]
 
 
@@ -43,8 +42,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--results", default="runs/measure/drafts.jsonl", help="per-item records, for resuming")
     parser.add_argument("--out", default="figures/drafts/measure", help="writes <out>.csv and <out>.json")
     parser.add_argument("--tree", nargs="*", default=[], metavar="WIDTHxDEPTH",
-                        help="also: tokens per target call of these token trees against the chains "
-                             "(specrepro.tree_tau, written to <out>-tree.csv)")
+                        help="also verify these token trees per target call (rows with the tree set; "
+                             "for tau alone, timing-free: python -m specrepro.tree_tau)")
     args = parser.parse_args(argv)
     try:
         ks = parse_ks(args.ks)
@@ -65,18 +64,12 @@ def main(argv=None) -> list[dict]:
     prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
     rows = ex.measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
-                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=target.dtype, runner=runner)
+                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=target.dtype, runner=runner,
+                             trees=trees)
     meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
     out = Path(args.out)
     ex.write_outputs(out.parent, out.name, rows, meta)
     print(ex.markdown_table(rows, COLUMNS, digits=3))
-    if trees:
-        drafts = {d: ex.make_draft(d, target, dtype=target.dtype) for d in args.drafts}
-        records = tree_tau.run(runner, drafts, prompts, ks, trees, args.temps, args.new_tokens,
-                               Path(args.results).with_name("tree_tau.jsonl"), args.seed, ex.eos_ids(tokenizer))
-        tree_rows = tree_tau.summarise(records)
-        ex.write_outputs(out.parent, f"{out.name}-tree", tree_rows, meta)
-        print(ex.markdown_table(tree_rows, tree_tau.COLUMNS, digits=3))
     return rows
 
 
