@@ -40,6 +40,21 @@ class Generation:
         proposed = sum(self.proposed)
         return sum(self.accepted) / proposed if proposed else 0.0
 
+    def emit(self, new: list[int], seq: torch.Tensor, emitted: list[int], eos: set[int], accepted: int,
+             proposed: int, loop_start: float) -> tuple[torch.Tensor, bool]:
+        """End one draft+verify loop (chain or tree): the loop's tokens, cut after the first EOS, go onto
+        `new` and `seq`, and the loop's counts and time are recorded. Returns (seq, stopped at EOS)."""
+        stop = next((i for i, t in enumerate(emitted) if t in eos), None)
+        if stop is not None:
+            emitted = emitted[: stop + 1]
+        new.extend(emitted)
+        seq = torch.cat([seq, torch.tensor(emitted, dtype=seq.dtype, device=seq.device)])
+        self.target_calls += 1
+        self.accepted.append(accepted)
+        self.proposed.append(proposed)
+        self.loop_seconds.append(time.perf_counter() - loop_start)
+        return seq, stop is not None
+
 
 def rejection_step(
     draft_tokens: torch.Tensor,
@@ -178,16 +193,8 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         if hidden is not None:
             hidden.truncate(keep)
         emitted = torch.cat([drafted[:n], next_token.view(1)]).tolist()
-        stop = next((i for i, t in enumerate(emitted) if t in eos), None)
-        if stop is not None:
-            emitted = emitted[: stop + 1]
-        new.extend(emitted)
-        seq = torch.cat([seq, torch.tensor(emitted, dtype=seq.dtype, device=seq.device)])
-        out.target_calls += 1
-        out.accepted.append(n)
-        out.proposed.append(k)
-        out.loop_seconds.append(time.perf_counter() - loop_start)
-        if stop is not None:
+        seq, stopped = out.emit(new, seq, emitted, eos, n, k, loop_start)
+        if stopped:
             break
     out.tokens = torch.tensor(new[:max_new_tokens], dtype=torch.long)
     out.draft_calls = proposer.calls if proposer is not None else 0

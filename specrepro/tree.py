@@ -387,16 +387,8 @@ def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, eos, ge
             hidden.append(runner.hidden[rows.to(runner.hidden.device)])
             hidden.truncate(keep)
         emitted = [tree.tokens[i] for i in path] + [int(next_token)]
-        stop = next((i for i, t in enumerate(emitted) if t in eos), None)
-        if stop is not None:
-            emitted = emitted[: stop + 1]
-        new.extend(emitted)
-        seq = torch.cat([seq, torch.tensor(emitted, dtype=seq.dtype, device=seq.device)])
-        out.target_calls += 1
-        out.accepted.append(len(path))
-        out.proposed.append(len(tree))
-        out.loop_seconds.append(time.perf_counter() - loop_start)
-        if stop is not None:
+        seq, stopped = out.emit(new, seq, emitted, eos, len(path), len(tree), loop_start)
+        if stopped:
             break
     out.tokens = torch.tensor(new[:max_new_tokens], dtype=torch.long)
     return out

@@ -4,8 +4,9 @@
     gen = sr.speculative_generate(setting.target, draft, ids, lookahead=setting.lookahead)
 
 Candidates are (dtype, linear backend, torch threads[, torch.compile]) for the lean runner (an HF runner
-for models it cannot run). For each, the target's pass over n = 1..17 tokens is timed after a cached
-prefix (specrepro.costs, the same measurement as the bench and the notebooks), and so is one draft step.
+for models it cannot run). A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
+best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.costs, the same
+measurement as the bench and the notebooks), and so is one draft step.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
 E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
 setting and K with the least expected time per token win; without one, the fastest one-token pass.
@@ -37,7 +38,7 @@ from .models import specrepro_home
 from .results import write_json
 from .speedup import acceptance_mle, expected_tokens
 
-TUNE_VERSION = 1  # bump when the measurement or the choice changes: old cache entries are then ignored
+TUNE_VERSION = 2  # bump when the measurement or the choice changes: old cache entries are then ignored
 DEFAULT_LOOKAHEAD = 4
 MAX_TUNE_LOOKAHEAD = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -135,7 +136,8 @@ def tune(
     report = {
         "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": str(path),
         "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
-        "acceptance_source": a_source, **choice, "costs": measured["costs"], "skipped": measured.get("skipped", {}),
+        "acceptance_source": a_source, **choice, "costs": measured["costs"], "screen": measured.get("screen", {}),
+        "skipped": measured.get("skipped", {}),
     }
     return Setting(target=build_runner(target, cand), lookahead=choice["lookahead"], candidate=cand, tree=tree,
                    report=report)
@@ -201,57 +203,80 @@ def build_runner(target, cand: Candidate):
     return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, compile=cand.compile)
 
 
+SCREEN_SIZES = (1, 2, 5)  # the screen's passes (tokens): a one-token step and a K = 4 verify
+
+
 def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead: int, reps: int,
                        keep: int = 2, extra_sizes=()) -> dict:
-    """{"costs": {candidate name: costs + the candidate}, "skipped": {name: why}}; threads restored after.
+    """{"costs": {name: costs + the candidate}, "screen": {name: {n: ms}}, "skipped": {name: why}}.
 
-    Every (dtype, backend) is measured at the largest thread count; at the other thread counts only the
-    `keep` best of them (by the cost of a one-token plus a five-token pass), which keeps tune to seconds.
+    Two stages keep tune to seconds. The screen times every candidate's passes over SCREEN_SIZES tokens
+    (one runner per dtype and backend, timed at each thread count); only the `keep` best by the sum of
+    their one- and five-token passes get the full measurement (1..max_lookahead + 1 tokens, the trees'
+    sizes and the draft step); the others are listed in "skipped" with their screen times. Threads are
+    restored afterwards.
     """
     before = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, _vocab(target), (32,), generator=g)
-    costs, skipped = {}, {}
-    counts = sorted({c.threads for c in candidates}, reverse=True)
+    screen, skipped, runners, kept = {}, {}, {}, {}
+
+    def score(name):
+        return screen[name][1] + screen[name][5]
+
     try:
-        for i, t in enumerate(counts):
-            torch.set_num_threads(t)
-            todo = [c for c in candidates if c.threads == t]
-            if i:
-                ranked = sorted(costs.values(), key=lambda e: e["target_ms"][1] + e["target_ms"][min(5, max_lookahead + 1)])
-                best = [(e["candidate"]["dtype"], e["candidate"]["backend"], e["candidate"]["compile"]) for e in ranked[:keep]]
-                for c in todo:
-                    if (c.dtype, c.backend, c.compile) not in best:
-                        skipped[c.name] = f"not measured: slower than the {keep} best settings at {counts[0]} threads"
-                todo = [c for c in todo if (c.dtype, c.backend, c.compile) in best]
-            for cand in todo:
-                entry = _measure_one(target, draft, cand, prefix, max_lookahead, reps, extra_sizes)
-                if isinstance(entry, str):
-                    skipped[cand.name] = entry
-                else:
-                    costs[cand.name] = entry
+        for cand in candidates:
+            build = (cand.dtype, cand.backend, cand.compile)
+            if build not in runners:
+                runners[build] = _build_checked(target, cand)
+            runner = runners[build]
+            if isinstance(runner, str):
+                skipped[cand.name] = runner
+                continue
+            torch.set_num_threads(cand.threads)
+            ms = measure_cost_table({cand.name: (runner, None)}, prefix, [1], reps,
+                                    extra_sizes=[5])[cand.name]["target_ms"]
+            screen[cand.name] = {n: ms[n] for n in SCREEN_SIZES}
+            kept[cand.name] = cand
+            for name in sorted(kept, key=score)[keep:]:  # hold on to the runners of the best `keep` only
+                del kept[name]
+            live = {(c.dtype, c.backend, c.compile) for c in kept.values()} | {
+                (c.dtype, c.backend, c.compile) for c in candidates[candidates.index(cand) + 1:]}
+            for b in [b for b in runners if b not in live and not isinstance(runners[b], str)]:
+                runners[b] = "freed"
+        ranked = sorted(screen, key=score)
+        for name in ranked[keep:]:
+            skipped[name] = (f"screened out: passes over 1 and 5 tokens took {score(name):.1f} ms, the {keep} "
+                             f"best {', '.join(f'{score(n):.1f}' for n in ranked[:keep])} ms")
+        proposer = None
+        if draft is not None:
+            from .drafts.base import as_draft
+
+            proposer = as_draft(draft)
+        costs = {}
+        for name in ranked[:keep]:
+            cand = kept[name]
+            torch.set_num_threads(cand.threads)
+            runner = runners[(cand.dtype, cand.backend, cand.compile)]
+            entry = measure_cost_table({name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps,
+                                       extra_sizes=extra_sizes)
+            costs[name] = {"candidate": dataclasses.asdict(cand), **entry[name]}
     finally:
         torch.set_num_threads(before)
     if not costs:
         raise RuntimeError(f"no candidate setting could be measured: {skipped}")
-    return {"costs": costs, "skipped": skipped}
+    return {"costs": costs, "screen": screen, "skipped": skipped}
 
 
-def _measure_one(target, draft, cand: Candidate, prefix, max_lookahead: int, reps: int, extra_sizes=()) -> dict | str:
-    """The candidate's costs, or why it could not run here."""
-    from .drafts.base import as_draft
-
+def _build_checked(target, cand: Candidate):
+    """The candidate's runner, or why it cannot run here."""
     if cand.backend != "hf":
         reason = unavailable_reason(cand.backend, DTYPES[cand.dtype], _device(target))
         if reason:
             return reason
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a compile that falls back is measured as what it ran
-        runner = build_runner(target, cand)
-    proposer = as_draft(draft) if draft is not None else None
-    entry = measure_cost_table({cand.name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps,
-                               extra_sizes=extra_sizes)
-    return {"candidate": dataclasses.asdict(cand), **entry[cand.name]}
+        return build_runner(target, cand)
 
 
 def choose(costs: dict, has_draft: bool, acceptance: float | None, max_lookahead: int = MAX_TUNE_LOOKAHEAD) -> dict:

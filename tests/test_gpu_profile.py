@@ -93,7 +93,7 @@ def test_profile_is_gpu_with_listed_differences():
         if "device" in gpu[name]:
             assert test[name]["device"] == "cpu"
     # the K values, dtype, models and sources are the gpu profile's
-    for key in ("lookaheads", "dtype", "target", "draft", "drafts", "news_source", "code_source", "settings"):
+    for key in ("lookaheads", "trees", "dtype", "target", "draft", "drafts", "news_source", "code_source", "settings"):
         for name in gpu:
             if key in gpu[name]:
                 assert test[name][key] == gpu[name][key]

@@ -191,3 +191,8 @@ def test_tau_card_pools_prompts_and_brackets_tau():
     assert tau_with_ci(same)[0]["ci95"] == [2.0, 2.0]
     with pytest.raises(ValueError, match="no speculative"):
         tau_with_ci(recs[-1:])
+    # a token tree of depth 4 is its own row, not pooled with the chain of K = 4
+    tree = [{"task": "news", "lookahead": 4, "tree": "2x4", "n_tokens": 64, "target_calls": 16}]
+    chain, tree_row = tau_with_ci(recs + tree)
+    assert chain["tau"] == pytest.approx(256 / 122) and "tree" not in chain
+    assert tree_row["tree"] == "2x4" and tree_row["tau"] == 4.0

@@ -132,6 +132,19 @@ def test_tune_cache_is_reused_and_keyed_by_machine_torch_and_model(home, monkeyp
     assert not small_tune(model, **kw).report["cached"] and len(calls) == 6
 
 
+def test_the_screen_measures_every_candidate_and_only_the_best_in_full(home):
+    setting = sr.tune(llama(0), max_lookahead=3, reps=1, dtypes=["float32", "bfloat16"], threads=[1, 2], cache=False)
+    report = setting.report
+    names = {f"{d}/{b}/{t}t" for d in ("float32", "bfloat16") for b in ("eager", "onednn") for t in (1, 2)}
+    unavailable = {n for n, why in report["skipped"].items() if not why.startswith("screened out")}
+    assert set(report["screen"]) | unavailable == names and not set(report["screen"]) & unavailable
+    assert all(set(ms) == set(tune_mod.SCREEN_SIZES) and ms[1] > 0 for ms in report["screen"].values())
+    assert len(report["costs"]) == 2 and set(report["costs"]) <= set(report["screen"])
+    score = {n: ms[1] + ms[5] for n, ms in report["screen"].items()}
+    assert max(score[n] for n in report["costs"]) <= min(score[n] for n in report["screen"] if n not in report["costs"])
+    assert setting.report["name"] in report["costs"]
+
+
 def test_unavailable_backend_is_skipped_with_its_reason(home, monkeypatch):
     monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "no oneDNN here (test)")
     monkeypatch.setattr(kernels, "_probe_cache", {})

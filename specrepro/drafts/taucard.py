@@ -23,14 +23,14 @@ def tau_with_ci(records: list[dict], resamples: int = 10_000, seed: int = 0) -> 
         raise ValueError("no speculative generations (K > 0) in these records")
     rng = np.random.default_rng(seed)
     rows = []
-    for task, k in sorted({(r["task"], r["lookahead"]) for r in gens}):
-        mine = [r for r in gens if r["task"] == task and r["lookahead"] == k]
+    for task, k, tree in sorted({(r["task"], r["lookahead"], r.get("tree", "")) for r in gens}):
+        mine = [r for r in gens if (r["task"], r["lookahead"], r.get("tree", "")) == (task, k, tree)]
         tokens = np.array([r["n_tokens"] for r in mine], dtype=float)
         calls = np.array([r["target_calls"] for r in mine], dtype=float)
         pick = rng.integers(0, len(mine), size=(resamples, len(mine)))
         boot = tokens[pick].sum(1) / calls[pick].sum(1)
         lo, hi = np.percentile(boot, [2.5, 97.5])
-        rows.append({"task": task, "K": k, "n_prompts": len(mine), "tau": tokens.sum() / calls.sum(),
+        rows.append({"task": task, "K": k, **({"tree": tree} if tree else {}), "n_prompts": len(mine), "tau": tokens.sum() / calls.sum(),
                      "ci95": [float(lo), float(hi)], "tokens": int(tokens.sum()), "target_calls": int(calls.sum())})
     return rows
 
