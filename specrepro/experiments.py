@@ -48,10 +48,10 @@ def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookahead
     lookaheads = sorted(set(lookaheads) | {0})
     trees = tree_specs(trees)
     settings = [(k, None) for k in lookaheads] + [(t.depth, t) for t in trees]
+    sizes = [t.nodes + 1 for t in trees]
     costs = {}
     for task, items in prompts.items():
         key = f"costs/{task}"
-        sizes = [t.nodes + 1 for t in trees]
         if key in results and not all(n - 1 in from_json(results.records[key])["v"] for n in sizes):
             key = f"costs/{task}/trees{'-'.join(map(str, trees))}"  # measured before these trees were asked for
         if key not in results:

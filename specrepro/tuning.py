@@ -219,31 +219,34 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     before = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, _vocab(target), (32,), generator=g)
-    screen, skipped, runners, kept = {}, {}, {}, {}
+    screen, skipped, runners, unavailable, kept = {}, {}, {}, {}, {}
 
     def score(name):
         return screen[name][1] + screen[name][5]
 
+    def build_of(c):
+        return (c.dtype, c.backend, c.compile)
+
     try:
-        for cand in candidates:
-            build = (cand.dtype, cand.backend, cand.compile)
-            if build not in runners:
-                runners[build] = _build_checked(target, cand)
-            runner = runners[build]
-            if isinstance(runner, str):
-                skipped[cand.name] = runner
+        for i, cand in enumerate(candidates):
+            build = build_of(cand)
+            if build not in runners and build not in unavailable:
+                runner = _build_checked(target, cand)
+                (unavailable if isinstance(runner, str) else runners)[build] = runner
+            if build in unavailable:
+                skipped[cand.name] = unavailable[build]
                 continue
             torch.set_num_threads(cand.threads)
-            ms = measure_cost_table({cand.name: (runner, None)}, prefix, [1], reps,
+            ms = measure_cost_table({cand.name: (runners[build], None)}, prefix, [1], reps,
                                     extra_sizes=[5])[cand.name]["target_ms"]
             screen[cand.name] = {n: ms[n] for n in SCREEN_SIZES}
             kept[cand.name] = cand
-            for name in sorted(kept, key=score)[keep:]:  # hold on to the runners of the best `keep` only
+            for name in sorted(kept, key=score)[keep:]:
                 del kept[name]
-            live = {(c.dtype, c.backend, c.compile) for c in kept.values()} | {
-                (c.dtype, c.backend, c.compile) for c in candidates[candidates.index(cand) + 1:]}
-            for b in [b for b in runners if b not in live and not isinstance(runners[b], str)]:
-                runners[b] = "freed"
+            # hold on only to the runners the best `keep` so far or a later candidate still need
+            live = {build_of(c) for c in kept.values()} | {build_of(c) for c in candidates[i + 1:]}
+            for b in [b for b in runners if b not in live]:
+                del runners[b]
         ranked = sorted(screen, key=score)
         for name in ranked[keep:]:
             skipped[name] = (f"screened out: passes over 1 and 5 tokens took {score(name):.1f} ms, the {keep} "
@@ -257,8 +260,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
         for name in ranked[:keep]:
             cand = kept[name]
             torch.set_num_threads(cand.threads)
-            runner = runners[(cand.dtype, cand.backend, cand.compile)]
-            entry = measure_cost_table({name: (runner, proposer)}, prefix, range(1, max_lookahead + 1), reps,
+            entry = measure_cost_table({name: (runners[build_of(cand)], proposer)}, prefix, range(1, max_lookahead + 1), reps,
                                        extra_sizes=extra_sizes)
             costs[name] = {"candidate": dataclasses.asdict(cand), **entry[name]}
     finally:
