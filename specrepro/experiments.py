@@ -188,8 +188,9 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
             extra["status"] = check_completion(it["problem"], completion, timeout=check_timeout).status
             extra["similarity"] = code_similarity(completion, it["problem"].canonical_solution)
         results.append(generation_record(gen, key, **extra))
-    wanted = set(keys)  # in key order, as every summary bootstraps (resumed runs and merged shards alike)
-    return summarise_table1([r for r in results.values() if r["key"] in wanted], pass_k)
+    # in key order, as every summary bootstraps (resumed runs and merged shards alike); in a shard, a foreign
+    # item raises ShardComplete here: the summary needs every shard's items and comes from --merge
+    return summarise_table1([results.records[k] for k in sorted(set(keys))], pass_k)
 
 
 def code_similarity(completion: str, canonical: str) -> float:
