@@ -10,6 +10,7 @@ Notation as in the paper: p = draft, q = target.
 from __future__ import annotations
 
 import difflib
+import re
 import statistics
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         if bench == "news":
             extra["score"] = rouge2(text, it["reference"])
         else:
-            completion = extract_completion(text)
+            completion = extract_completion(text, it["prompt"])
             extra["status"] = check_completion(it["problem"], completion, timeout=check_timeout).status
             extra["similarity"] = code_similarity(completion, it["problem"].canonical_solution)
         results.append(generation_record(gen, key, **extra))
@@ -194,15 +195,16 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
 
 
 def code_similarity(completion: str, canonical: str) -> float:
-    """How close a completion is to the problem's canonical solution (difflib ratio over lines, 0..1).
+    """How close a completion is to the problem's canonical solution: difflib's ratio over their Python tokens
+    (names, numbers and single punctuation characters; whitespace and layout ignored), 0..1.
 
     A metric that varies where pass@k of a 135M target is almost always 0, so that ArS and SpS can be
     compared on code; it is a similarity, not a correctness measure.
     """
-    def lines(text):
-        return [line.strip() for line in text.strip().splitlines() if line.strip()]
+    def tokens(text):
+        return re.findall(r"\w+|[^\w\s]", text)
 
-    return difflib.SequenceMatcher(None, lines(completion), lines(canonical), autojunk=False).ratio()
+    return difflib.SequenceMatcher(None, tokens(completion), tokens(canonical), autojunk=False).ratio()
 
 
 def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:

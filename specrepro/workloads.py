@@ -71,9 +71,11 @@ def news_items(tokenizer, n: int, source: str = "offline", max_document_tokens: 
             for e, p in zip(examples, prompts)]
 
 def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
-    """[{id, prompt_ids, problem}] for HumanEval (specrepro.tasks.humaneval)."""
-    return [{"id": prob.task_id, "prompt_ids": _encode(tokenizer, code_prompt(prob, tokenizer)), "problem": prob,
-             "source": "tasks.humaneval"} for prob in load_humaneval(source=source, n=n)]
+    """[{id, prompt_ids, prompt, problem}] for HumanEval (specrepro.tasks.humaneval): a chat request whose answer
+    is begun inside the function where the tokenizer has a chat template (tasks.humaneval.code_prompt)."""
+    prompts = [(prob, code_prompt(prob, tokenizer)) for prob in load_humaneval(source=source, n=n)]
+    return [{"id": prob.task_id, "prompt_ids": _encode(tokenizer, prompt), "prompt": prompt, "problem": prob,
+             "source": "tasks.humaneval"} for prob, prompt in prompts]
 
 def eos_ids(tokenizer) -> list[int]:
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

