@@ -104,7 +104,7 @@ def body_indent(tokenizer: Any) -> str:
             break
         before += piece
     tail = before[before.rfind("\n") + 1:]
-    return tail if before.endswith(tail) and not tail.strip() and len(tail) < 4 else ""
+    return tail if not tail.strip() and len(tail) < 4 else ""
 
 
 def extract_completion(text: str, prompt: str = "") -> str:
