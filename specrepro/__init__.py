@@ -9,7 +9,7 @@ from .batch import speculative_generate_batch
 from .lean import LeanRunner
 from .runners import HFRunner
 from .tree import TreeSpec
-from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate
+from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate, stop_at_text
 from .tuning import Setting, tune
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "specrepro_home",
     "speculative_generate",
     "speculative_generate_batch",
+    "stop_at_text",
     "tune",
 ]

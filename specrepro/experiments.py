@@ -27,7 +27,8 @@ from .records import (  # noqa: F401
 )
 from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
 from .speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
-from .tasks.humaneval import check_completion, extract_completion, pass_at_k
+from .speculative import stop_at_text
+from .tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
 from .tasks.news import rouge2
 from .tree import tree_specs
 from .workloads import code_items, eos_ids, load_target, make_draft, news_items, slug, tuned_target  # noqa: F401
@@ -159,6 +160,9 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
     results = ResultsFile(results_path)
     tree = tree_specs([tree])[0] if tree is not None else None
     eos = eos_ids(tokenizer)
+    # a code answer ends where extract_completion cuts it (the closing fence, a new top-level statement):
+    # the tokens after it are never scored, so neither method spends time on them
+    code_stop = stop_at_text(tokenizer, *STOP_SEQUENCES)
     todo = []
     for bench, items, samples, max_new in (("news", news, 1, news_max_new_tokens),
                                            ("humaneval", code, code_samples, code_max_new_tokens)):
@@ -178,7 +182,8 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         if key in results:
             continue
         gen = generate_item(target, draft, it["prompt_ids"], k, max_new, sampling, eos,
-                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"), tree=shape)
+                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"), tree=shape,
+                            stop_when=code_stop if bench == "humaneval" else None)
         text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
                  "text": text, **({"tree": str(shape)} if shape else {})}

@@ -59,9 +59,9 @@ def generation_record(gen, key: str, **extra) -> dict:
     }
 
 def generate_item(target, draft, prompt_ids, lookahead: int, max_new_tokens: int, sampling: dict, eos, gen,
-                  tree=None):
+                  tree=None, stop_when=None):
     """ArS for lookahead 0, else SpS with a chain of `lookahead` tokens or, given a TreeSpec, a token tree."""
-    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, generator=gen, **sampling)
+    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, generator=gen, stop_when=stop_when, **sampling)
     if lookahead == 0 and tree is None:
         return autoregressive_generate(target, prompt_ids, **kw)
     return speculative_generate(target, draft, prompt_ids, lookahead=tree.depth if tree else lookahead, tree=tree, **kw)

@@ -6,6 +6,7 @@ draft, so the two differ only in the rejection step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,11 +41,12 @@ class Generation:
         proposed = sum(self.proposed)
         return sum(self.accepted) / proposed if proposed else 0.0
 
-    def emit(self, new: list[int], seq: torch.Tensor, emitted: list[int], eos: set[int], accepted: int,
+    def emit(self, new: list[int], seq: torch.Tensor, emitted: list[int], stops: "StopRule", accepted: int,
              proposed: int, loop_start: float) -> tuple[torch.Tensor, bool]:
-        """End one draft+verify loop (chain or tree): the loop's tokens, cut after the first EOS, go onto
-        `new` and `seq`, and the loop's counts and time are recorded. Returns (seq, stopped at EOS)."""
-        stop = next((i for i, t in enumerate(emitted) if t in eos), None)
+        """End one draft+verify loop (chain or tree): the loop's tokens, cut after the first that ends the
+        generation (StopRule), go onto `new` and `seq`, and the loop's counts and time are recorded. Returns
+        (seq, stopped)."""
+        stop = stops.cut(new, emitted)
         if stop is not None:
             emitted = emitted[: stop + 1]
         new.extend(emitted)
@@ -54,6 +56,38 @@ class Generation:
         self.proposed.append(proposed)
         self.loop_seconds.append(time.perf_counter() - loop_start)
         return seq, stop is not None
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Where a generation ends: after an EOS token, or after the first token at which `when(new_tokens)`
+    holds. Checked token by token, also inside a block of accepted drafts, so ArS and SpS end at the same
+    token and a stop never changes the distribution of the tokens before it."""
+
+    eos: frozenset = frozenset()
+    when: Callable[[list[int]], bool] | None = None
+
+    def cut(self, new: list[int], emitted: list[int]) -> int | None:
+        """The index in `emitted` of the token the generation ends with, or None (it goes on)."""
+        for i, t in enumerate(emitted):
+            if t in self.eos or (self.when is not None and self.when(new + emitted[: i + 1])):
+                return i
+        return None
+
+
+def stop_at_text(tokenizer, *texts: str, tail_tokens: int = 8) -> Callable[[list[int]], bool]:
+    """A `stop_when` that ends the generation once its last `tail_tokens` tokens decode to text containing
+    one of `texts` (e.g. the closing fence of a code answer). The tail must be long enough to hold the
+    longest text: a text can end a generation only when it is complete."""
+    texts = tuple(t for t in texts if t)
+    if not texts:
+        raise ValueError("stop_at_text needs at least one non-empty text")
+
+    def when(tokens: list[int]) -> bool:
+        tail = tokenizer.decode(tokens[-tail_tokens:])
+        return any(t in tail for t in texts)
+
+    return when
 
 
 def rejection_step(
@@ -98,9 +132,15 @@ def autoregressive_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    stop_when: Callable[[list[int]], bool] | None = None,
 ) -> Generation:
-    """Algorithm 1: one target forward per token."""
-    return _generate(target, None, input_ids, max_new_tokens, 0, temperature, top_k, top_p, eos_token_id, generator)
+    """Algorithm 1: one target forward per token.
+
+    stop_when: called with the new tokens after each token; True ends the generation after that token
+    (e.g. `stop_at_text(tokenizer, "```")`), like EOS.
+    """
+    return _generate(target, None, input_ids, max_new_tokens, 0, temperature, top_k, top_p, eos_token_id, generator,
+                     stop_when=stop_when)
 
 
 def speculative_generate(
@@ -115,10 +155,13 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     tree: tree_sampling.TreeSpec | None = None,
+    stop_when: Callable[[list[int]], bool] | None = None,
 ) -> Generation:
     """Algorithm 2: the draft proposes `lookahead` tokens, one target pass scores them all.
 
     tree: a TreeSpec verifies a token tree per target call instead (specrepro.tree; `lookahead` unused).
+    stop_when: as in autoregressive_generate; checked at every token of an accepted block, so greedy SpS
+    ends at the same token as greedy ArS.
     """
     if draft is None:
         raise ValueError("speculative_generate needs a draft; use autoregressive_generate without one")
@@ -127,12 +170,12 @@ def speculative_generate(
         raise TypeError(f"tree must be a specrepro.TreeSpec or None, got {type(tree).__name__}")
     return _generate(
         target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
-        tree,
+        tree, stop_when,
     )
 
 
 def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
-              tree=None):
+              tree=None, stop_when=None):
     sampling = SamplingConfig(temperature, top_k, top_p)
     _check_max_new_tokens(max_new_tokens)
     proposer: Draft | None = as_draft(draft) if draft is not None else None
@@ -151,7 +194,9 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
             f"draft and target vocabularies differ ({proposer.vocab_size} vs {vocab} tokens): "
             "the draft must use the target's tokenizer"
         )
-    eos = _eos_set(eos_token_id)
+    if stop_when is not None and not callable(stop_when):
+        raise TypeError(f"stop_when must be a callable taking the new token ids, got {type(stop_when).__name__}")
+    stops = StopRule(frozenset(_eos_set(eos_token_id)), stop_when)
 
     start = time.perf_counter()
     runner.reset()
@@ -169,7 +214,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
             hidden.append(runner.hidden)
     seq = prompt
     if tree is not None:
-        tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, eos, generator, hidden)
+        tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, stops, generator, hidden)
         out.draft_calls = proposer.calls
         out.seconds = time.perf_counter() - start
         return out
@@ -193,7 +238,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         if hidden is not None:
             hidden.truncate(keep)
         emitted = torch.cat([drafted[:n], next_token.view(1)]).tolist()
-        seq, stopped = out.emit(new, seq, emitted, eos, n, k, loop_start)
+        seq, stopped = out.emit(new, seq, emitted, stops, n, k, loop_start)
         if stopped:
             break
     out.tokens = torch.tensor(new[:max_new_tokens], dtype=torch.long)

@@ -358,7 +358,7 @@ def accept(tree: Tree, q: torch.Tensor, generator: torch.Generator | None = None
 
 # --- the generation loop ---------------------------------------------------------------------------------
 
-def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, eos, generator, hidden):
+def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, stops, generator, hidden):
     """The tree version of speculative_generate's loop: `out` is filled in and returned.
 
     runner: the target runner with the prompt but its last token cached; hidden: speculative._HiddenStates
@@ -387,7 +387,7 @@ def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, eos, ge
             hidden.append(runner.hidden[rows.to(runner.hidden.device)])
             hidden.truncate(keep)
         emitted = [tree.tokens[i] for i in path] + [int(next_token)]
-        seq, stopped = out.emit(new, seq, emitted, eos, len(path), len(tree), loop_start)
+        seq, stopped = out.emit(new, seq, emitted, stops, len(path), len(tree), loop_start)
         if stopped:
             break
     out.tokens = torch.tensor(new[:max_new_tokens], dtype=torch.long)
