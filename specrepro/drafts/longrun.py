@@ -13,7 +13,8 @@ python -m specrepro.drafts.longrun --config artifacts/drafts/feature/config.json
    AdamW moments, RNGs, schedule state; replaced atomically every `checkpoint_seconds`) and log.csv:
    rerunning the same command continues exactly where it stopped;
 4. every `export_minutes` and at the end the artifact is exported (--export, default the cache
-   artifact root that sr.drafts.load searches first): config.json, net.safetensors (float32),
+   artifact root that sr.drafts.load searches first): config.json, net.safetensors (float32, or the
+   config's export_dtype; a tied LM head is stored once, as the embedding),
    manifest.json (data sources, counts, hashes), train_log.csv, resume.json, complete.json.
 --stop-at stops (checkpoint + export) at a wall-clock time before the budget is spent.
 --continue-from DIR starts from an exported artifact's weights instead of a random init (AdamW's moments
@@ -42,10 +43,10 @@ from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
 from .shards import build_shards, file_sha256, load_shards
 from .trainer import (LOSSES, MARKER, VERSION, atomic_save, build_net, check_kind, config_hash, get_batch,
-                      trainable_state, window_length, window_starts)
+                      load_weights, trainable_state, window_length, window_starts)
 from ..models import load_model, specrepro_home
 
-LONG_KINDS = ("feature", "heads")  # the kinds whose nets this driver exports (safetensors)
+LONG_KINDS = ("small", "feature", "heads")  # the kinds whose nets this driver exports (safetensors)
 LONG_DEFAULTS = {"shards": 40, "shard_size": 32, "shard_new_tokens": 128, "code_per_round": 200,
                  "warmup_steps": 100, "lr_min_ratio": 0.05, "checkpoint_seconds": 120, "export_minutes": 10}
 
@@ -106,13 +107,22 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
     return data, len(paths), manifest
 
 
+def export_state(net, cfg: dict) -> dict:
+    """The weights to ship: floating point ones in cfg's export_dtype (default float32; the small draft's
+    49152 x 128 embedding ships in bfloat16 to halve it), a tied LM head once (as the embedding)."""
+    dtype = getattr(torch, cfg.get("export_dtype", "float32"))
+    state = trainable_state(net)
+    if getattr(getattr(net, "config", None), "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the same tensor as model.embed_tokens.weight
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
 def export(net, cfg: dict, state: dict, manifest: dict, log_path: Path, out: Path) -> None:
     """Write the artifact folder atomically enough: complete.json last, after everything it vouches for."""
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
     weights = out / "net.safetensors"
-    save_file({k: v.float() if v.is_floating_point() else v for k, v in trainable_state(net).items()},
-              str(weights) + ".tmp")
+    save_file(export_state(net, cfg), str(weights) + ".tmp")
     os.replace(str(weights) + ".tmp", weights)
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -154,15 +164,17 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
     ckpt, log_path = folder / "checkpoint.pt", folder / "log.csv"
 
     saved = torch.load(ckpt, weights_only=False) if ckpt.exists() else None
-    if saved is not None:
-        keep = saved["model"]["keep"]
-    elif continue_from is not None:
-        keep = load_file(str(Path(continue_from) / "net.safetensors"))["keep"]
-    else:
-        keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
-    net = build_net(kind, target, cfg, keep if keep.numel() else None)
+    keep = None  # the feature and heads drafts' output vocabulary (the small draft has the full one)
+    if kind != "small":
+        if saved is not None:
+            keep = saved["model"]["keep"]
+        elif continue_from is not None:
+            keep = load_file(str(Path(continue_from) / "net.safetensors"))["keep"]
+        else:
+            keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
+    net = build_net(kind, target, cfg, keep if keep is not None and keep.numel() else None)
     if continue_from is not None and saved is None:
-        net.load_state_dict(load_file(str(Path(continue_from) / "net.safetensors")))
+        load_weights(net, load_file(str(Path(continue_from) / "net.safetensors")))
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg["seed"])

@@ -143,6 +143,15 @@ def trainable_state(net) -> dict:
     return {k: v.detach().contiguous() for k, v in net.state_dict().items()}
 
 
+def load_weights(net, weights: dict) -> None:
+    """Load exported weights (any float dtype) into net; a tied LM head may be absent (it is the embedding)."""
+    missing, unexpected = net.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(getattr(net, "config", None), "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"weights do not fit this draft: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+
+
 # ---------------------------------------------------------------------------------- training
 
 
@@ -322,12 +331,12 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
         raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
     dtype = next(target.parameters()).dtype  # the draft computes in the target's dtype (bfloat16 too)
     try:
-        if kind in ("small", "seqkd"):
+        if kind in ("small", "seqkd") and (path / "model").is_dir():  # trained by trainer.train
             return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").to(dtype).eval())
-        weights = load_file(str(path / "net.safetensors"))
-        keep = weights["keep"] if weights["keep"].numel() else None
+        weights = load_file(str(path / "net.safetensors"))  # exported by longrun (shipped artifacts)
+        keep = weights["keep"] if "keep" in weights and weights["keep"].numel() else None
         net = build_net(kind, target, cfg, keep)
-        net.load_state_dict(weights)
+        load_weights(net, weights)
         net.to(dtype)
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
         raise RuntimeError(
