@@ -10,7 +10,17 @@ from .lean import LeanRunner
 from .runners import HFRunner
 from .tree import TreeSpec
 from .speculative import Generation, autoregressive_generate, rejection_step, speculative_generate, stop_at_text
-from .tuning import Setting, tune
+
+
+def __getattr__(name):
+    # sr.tune and sr.Setting load specrepro.tuning on first use, so that `python -m specrepro.tuning` runs a
+    # module the package has not already imported (runpy warns otherwise)
+    if name in ("Setting", "tune"):
+        from . import tuning
+
+        return getattr(tuning, name)
+    raise AttributeError(f"module 'specrepro' has no attribute {name!r}")
+
 
 __all__ = [
     "Generation",
