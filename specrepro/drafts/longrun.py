@@ -43,7 +43,7 @@ from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
 from .shards import build_shards, file_sha256, load_shards
 from .trainer import (LOSSES, MARKER, VERSION, atomic_save, build_net, check_kind, config_hash, get_batch,
-                      load_weights, trainable_state, window_length, window_starts)
+                      load_weights, tied_head, trainable_state, window_length, window_starts)
 from ..models import load_model, specrepro_home
 
 LONG_KINDS = ("small", "feature", "heads")  # the kinds whose nets this driver exports (safetensors)
@@ -111,10 +111,8 @@ def export_state(net, cfg: dict) -> dict:
     """The weights to ship: floating point ones in cfg's export_dtype (default float32; the small draft's
     49152 x 128 embedding ships in bfloat16 to halve it), a tied LM head once (as the embedding)."""
     dtype = getattr(torch, cfg.get("export_dtype", "float32"))
-    state = trainable_state(net)
-    if getattr(getattr(net, "config", None), "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # the same tensor as model.embed_tokens.weight
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    tied = tied_head(net)
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in trainable_state(net).items() if k not in tied}
 
 
 def export(net, cfg: dict, state: dict, manifest: dict, log_path: Path, out: Path) -> None:

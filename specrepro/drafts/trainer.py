@@ -143,10 +143,16 @@ def trainable_state(net) -> dict:
     return {k: v.detach().contiguous() for k, v in net.state_dict().items()}
 
 
+def tied_head(net) -> set[str]:
+    """The state-dict key of net's LM head when it is tied to the embedding (an HF model's config says so):
+    the same tensor, so an artifact stores it once, as the embedding."""
+    return {"lm_head.weight"} if getattr(getattr(net, "config", None), "tie_word_embeddings", False) else set()
+
+
 def load_weights(net, weights: dict) -> None:
     """Load exported weights (any float dtype) into net; a tied LM head may be absent (it is the embedding)."""
     missing, unexpected = net.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(getattr(net, "config", None), "tie_word_embeddings", False) else set()
+    tied = tied_head(net)
     if set(missing) - tied or unexpected:
         raise ValueError(f"weights do not fit this draft: missing {sorted(set(missing) - tied)}, "
                          f"unexpected {sorted(unexpected)}")
