@@ -8,8 +8,9 @@ and executes them with the parameters of `notebooks/params/<profile>.yaml` (one 
 plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A notebook that finished with
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
 files, so a rerun after a kill resumes where it stopped. Items are keyed by the parameters and by a hash of
-the package's sources (`results.code_digest`): after a change to specrepro/ nothing old is reused, and
---force deletes the notebook's items too. --output-root DIR sends everything a run writes
+the package's sources (`results.code_digest`): after a change to specrepro/ nothing old is reused; a
+notebook that names a trained draft kind is keyed by that kind's artifacts too (`drafts.trainer.
+artifacts_digest`), so a retrained or newly shipped draft recomputes it; and --force deletes the notebook's items too. --output-root DIR sends everything a run writes
 (figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
 every selected notebook (checked like the params file: a name the notebook does not define is an error).
 
@@ -26,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from .drafts.trainer import KINDS, artifacts_digest
 from .experiments import PROFILES, check_params, repo_root
 from .results import SHARD_ENV, ResultsFile, atomic_write_text, code_digest, parse_shard, write_json
 
@@ -160,6 +163,10 @@ def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tupl
         # and by the code: items made by another version of specrepro/ are never reused
         settings = {k: v for k, v in params.items() if k not in ("results_dir", "out_dir")}
         settings["code"] = code_digest()
+        # and by the trained drafts the notebook names: a retrained or newly shipped draft recomputes its items
+        named = set(re.findall(r"[a-z]+", json.dumps([params.get("draft"), params.get("drafts")])))
+        if named & set(KINDS):
+            settings["drafts_trained"] = artifacts_digest(named)
         key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
         params["results_dir"] = str(Path(params["results_dir"]) / f"{name}-{key}")
         jobs.append((name, params))

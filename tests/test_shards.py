@@ -118,3 +118,26 @@ def test_force_recomputes_items(tmp_path):
     assert "stale/item" not in fresh and len(fresh) == 2 * 4  # 2 chunks x the 4 smoke settings, all recomputed
     done = json.loads((tmp_path / "01_losslessness.done.json").read_text())
     assert done["params"]["n_samples"] == 100
+
+
+def test_results_are_keyed_by_the_trained_drafts_named(tmp_path, monkeypatch):
+    """A retrained or newly shipped draft recomputes the notebooks that name its kind, and only those."""
+    shipped = tmp_path / "shipped"
+    (shipped / "feature").mkdir(parents=True)
+    monkeypatch.setenv("SPECREPRO_SHIPPED_DRAFTS", str(shipped))
+    monkeypatch.setenv("SPECREPRO_HOME", str(tmp_path / "home"))
+
+    def dirs():
+        d = dict(reproduce.plan("cpu", ["02_lookahead_sweep", "04_drafts"]))
+        return d["02_lookahead_sweep"]["results_dir"], d["04_drafts"]["results_dir"]
+
+    (shipped / "feature" / "complete.json").write_text('{"weights_sha256": "aaa"}')
+    sweep, drafts = dirs()
+    assert dirs() == (sweep, drafts)
+    (shipped / "feature" / "complete.json").write_text('{"weights_sha256": "bbb"}')  # a new feature draft ships
+    assert dirs()[0] == sweep and dirs()[1] != drafts
+    drafts = dirs()[1]
+    trained = tmp_path / "home" / "drafts" / "heads-0123"  # one trained here, which load() would prefer
+    trained.mkdir(parents=True)
+    (trained / "complete.json").write_text('{"finished": true}')
+    assert dirs()[0] == sweep and dirs()[1] != drafts

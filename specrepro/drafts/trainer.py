@@ -304,6 +304,19 @@ def find_artifact(kind: str, target_name_: str, root=None) -> Path | None:
     return max(found)[1] if found else None
 
 
+def artifacts_digest(kinds, root=None) -> str:
+    """A hash of every trained artifact of these kinds that `load` could pick (the cache's and the shipped
+    one, for any target): results keyed by it are recomputed when a draft is retrained or a new one ships."""
+    cache = Path(root) if root is not None else specrepro_home() / "drafts"
+    h = hashlib.sha256()
+    for kind in sorted(set(kinds) & set(KINDS)):
+        folders = sorted(cache.glob(f"{kind}-*")) + [shipped.shipped_root() / kind]
+        for marker in (d / MARKER for d in folders):
+            if marker.exists():
+                h.update(f"{kind}\0{marker.parent.name}\0".encode() + marker.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     """A ready Draft from a trained artifact (the newest for this kind and target unless `path`).
 
