@@ -268,15 +268,46 @@ def one_hot_rows(tokens: list[int], vocab_size: int) -> torch.Tensor:
     return rows
 
 
-def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch.Tensor, next_logits) -> Tree:
+def without(p: torch.Tensor, tokens: list[int]) -> torch.Tensor | None:
+    """p with `tokens` removed, renormalised (None if nothing is left)."""
+    if not tokens:
+        return p
+    rest = p.clone()
+    rest[torch.tensor(tokens, dtype=torch.long)] = 0
+    total = rest.sum()
+    return rest / total if total > 0 else None
+
+
+def draft_children(probs: torch.Tensor, forced: list[int], m: int, greedy: bool, generator=None):
+    """The draft's m children of a node whose first children are the `forced` tokens: drawn (or, greedy, the
+    likeliest) from the draft distribution without the forced tokens; rows: what each was drawn from."""
+    rest = without(probs, forced)
+    if rest is None or m <= 0:
+        return [], []
+    if greedy:
+        m = min(m, int((rest > 0).sum()))
+        tokens = rest.topk(m).indices.tolist()
+        return tokens, list(one_hot_rows(tokens, probs.shape[-1]))
+    return draw_children(rest, m, generator)
+
+
+def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch.Tensor, next_logits,
+         seed: dict[tuple, list[int]] | None = None) -> Tree:
     """Build a tree level by level from a draft that gives logits after any node.
 
     root_logits: [V] the draft's logits after the context. next_logits(tree, nodes) -> [len(nodes), V]:
     its logits after each of `nodes` (one batched draft pass per level). Which nodes are expanded, and how
     many children each gets, is decided before their children are drawn (see the module docstring).
+
+    seed (a hybrid draft's other proposer, e.g. prompt lookup's trie): path tokens -> tokens that an
+    expanded node with that path gets as its FIRST children, one-hot rows (a function of the context alone,
+    as for any deterministic proposer), scored as certain; the draft's own children follow, drawn from its
+    distribution without those tokens (`draft_children`), so each child is still a draw from its row.
     """
     tree = Tree(root_logits.shape[-1])
     budget = spec.nodes
+    seed = seed or {}
+    paths: dict[int, tuple] = {-1: ()}
     frontier, logits = [-1], root_logits.view(1, -1)
     for level in range(spec.depth):
         if level > 0:
@@ -291,13 +322,18 @@ def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch
             if m <= 0:
                 break
             base = 1.0 if node < 0 else tree.scores[node]
-            if sampling.greedy:
+            forced = list(dict.fromkeys(seed.get(paths[node], [])))[:m]
+            kids = [tree.add(node, t, r, base) for t, r in zip(forced, one_hot_rows(forced, tree.vocab_size))]
+            if not forced and sampling.greedy:
                 tokens, rows = top_children(row, m)
                 probs = row.float().softmax(-1)
             else:
-                probs = sampling.probs(row)
-                tokens, rows = draw_children(probs, m, generator)
-            new += [tree.add(node, t, r, base * float(probs[t])) for t, r in zip(tokens, rows)]
+                probs = row.float().softmax(-1) if sampling.greedy else sampling.probs(row)
+                tokens, rows = draft_children(probs, forced, m - len(forced), sampling.greedy, generator)
+            kids += [tree.add(node, t, r, base * float(probs[t])) for t, r in zip(tokens, rows)]
+            for k in kids:
+                paths[k] = paths[node] + (tree.tokens[k],)
+            new += kids
         if not new:
             break
         frontier = new

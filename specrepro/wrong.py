@@ -185,3 +185,30 @@ def tree_fallback_to_q(tree, q, generator=None, greedy=False):
         return False, _norm((r - row).clamp_min(0), r)
     path, _ = _walk(tree, q, generator, test)
     return path, sample(q[(path[-1] if path else -1) + 1], generator)
+
+
+# --- a wrong merged (hybrid) tree: the draft's children beside the forced lookup tokens -----------------------
+
+@contextlib.contextmanager
+def draft_children_replaced(draft_children):
+    """Grow trees with another tree.draft_children (the draft's children of a node with forced tokens)."""
+    from . import tree
+
+    saved = tree.draft_children
+    tree.draft_children = draft_children
+    try:
+        yield
+    finally:
+        tree.draft_children = saved
+
+
+def seeded_rows_keep_forced(probs, forced, m, greedy, generator=None):
+    """Children drawn from the draft without the forced tokens, as they should be, but each row says the
+    full draft distribution (forced tokens and earlier siblings still in it): x_i is not a draw from its row."""
+    from .tree import draw_children, without
+
+    rest = without(probs, forced)
+    if rest is None or m <= 0:
+        return [], []
+    tokens, _ = draw_children(rest, m, generator)
+    return tokens, [probs] * len(tokens)

@@ -50,17 +50,24 @@ CONFIGS = [
     (3, 3, 0.8, 4, 0.9, None, EOS, "lean"),
     (3, 2, 1.0, None, None, None, None, "hf"),  # no EOS: every outcome is a full 3-tuple
 ]
-# (name, width, top_k, one_hot): rule-level configurations on random p and q
+# (name, width, top_k, children): rule-level configurations on random p and q
 RULES = [
-    ("sampled-w1", 1, None, False),
-    ("sampled-w2", 2, None, False),
-    ("sampled-w4", 4, None, False),
-    ("sparse-w3", 3, 3, False),  # p zero on 3 of 6 tokens, q positive there: the residual carries them
-    ("one-hot-w3", 3, None, True),  # a deterministic proposer: distinct children, one-hot rows
+    ("sampled-w1", 1, None, "sampled"),
+    ("sampled-w2", 2, None, "sampled"),
+    ("sampled-w4", 4, None, "sampled"),
+    ("sparse-w3", 3, 3, "sampled"),  # p zero on 3 of 6 tokens, q positive there: the residual carries them
+    ("one-hot-w3", 3, None, "one-hot"),  # a deterministic proposer: distinct children, one-hot rows
+    # a hybrid's merged tree: prompt lookup's token first (one-hot), then the draft's, drawn without it
+    ("seeded-w3", 3, None, "seeded"),
+    ("seeded-sparse-w2", 2, 3, "seeded"),
 ]
 TREE_DRAFTS = DRAFTS  # every draft kind of test_lossless
 ALPHA = 0.01 / (len(CONFIGS) + len(RULES) + len(TREE_DRAFTS) + 1)  # + the power draft's correct run
 
+# wrong draft children beside a seeded (hybrid) node's forced tokens, for tree.draft_children
+WRONG_SEEDED = [
+    ("rows keep the forced tokens", wrong.seeded_rows_keep_forced),
+]
 WRONG = [
     ("with replacement, unchanged target", wrong.tree_unchanged_target, wrong.draw_with_replacement),
     ("residual not updated", wrong.tree_residual_not_updated, None),
@@ -71,7 +78,7 @@ WRONG = [
 
 # --- 1. the rule alone -----------------------------------------------------------------------------------
 
-def rule_case(seed, width, top_k, one_hot):
+def rule_case(seed, width, top_k, children):
     """Random target q and draft p over V_RULE tokens (p sharpened so that it differs from q a lot)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.softmax(2 * torch.randn(V_RULE, generator=g), -1)
@@ -81,9 +88,12 @@ def rule_case(seed, width, top_k, one_hot):
     return q, torch.softmax(logits, -1), g
 
 
-def one_level_tree(p, width, one_hot, g):
+def one_level_tree(p, width, children, g):
+    if children == "seeded":  # the forced token: the draft's likeliest, where p and q differ most
+        return tree_module.grow(TreeSpec(width, 1), SamplingConfig(1.0), g, p.log(), None,
+                                seed={(): [int(p.argmax())]})
     tree = Tree(V_RULE)
-    if one_hot:  # fixed distinct children, as prompt lookup makes them
+    if children == "one-hot":  # fixed distinct children, as prompt lookup makes them
         for t in p.argsort(descending=True)[:width].tolist():
             tree.add(-1, t, torch.eye(V_RULE)[t], 1.0)
     else:
@@ -92,19 +102,19 @@ def one_level_tree(p, width, one_hot, g):
     return tree
 
 
-def first_tokens(width, top_k, one_hot, seed, n=N_RULE):
-    q, p, g = rule_case(seed, width, top_k, one_hot)
+def first_tokens(width, top_k, children, seed, n=N_RULE):
+    q, p, g = rule_case(seed, width, top_k, children)
     counts = torch.zeros(V_RULE)
     for _ in range(n):
-        tree = one_level_tree(p, width, one_hot, g)
+        tree = one_level_tree(p, width, children, g)
         path, token = tree_module.accept(tree, q.view(1, -1).expand(len(tree) + 1, -1), g)
         counts[tree.tokens[path[0]] if path else int(token)] += 1
     return counts, q
 
 
-@pytest.mark.parametrize("name, width, top_k, one_hot", RULES)
-def test_rule_emits_q(name, width, top_k, one_hot):
-    counts, q = first_tokens(width, top_k, one_hot, seed=RULES.index((name, width, top_k, one_hot)))
+@pytest.mark.parametrize("name, width, top_k, children", RULES)
+def test_rule_emits_q(name, width, top_k, children):
+    counts, q = first_tokens(width, top_k, children, seed=RULES.index((name, width, top_k, children)))
     result = chisquare(counts.numpy(), (q * N_RULE).numpy())
     print(name, result)  # pytest -rP shows the p-values
     assert result.pvalue > ALPHA
@@ -113,10 +123,50 @@ def test_rule_emits_q(name, width, top_k, one_hot):
 @pytest.mark.parametrize("name, rule, draw", WRONG)
 def test_rule_harness_rejects_wrong_rules(name, rule, draw):
     with wrong.tree_rule_replaced(rule, draw):
-        counts, q = first_tokens(3, None, False, seed=50)
+        counts, q = first_tokens(3, None, "sampled", seed=50)
     result = chisquare(counts.numpy(), (q * N_RULE).numpy())
     print(name, result)
     assert result.pvalue < ALPHA
+
+
+@pytest.mark.parametrize("name, draft_children", WRONG_SEEDED)
+def test_rule_harness_rejects_wrong_seeded_children(name, draft_children):
+    with wrong.draft_children_replaced(draft_children):
+        counts, q = first_tokens(3, None, "seeded", seed=51)
+    result = chisquare(counts.numpy(), (q * N_RULE).numpy())
+    print(name, result)
+    assert result.pvalue < ALPHA
+
+
+def test_seeded_grow_puts_the_forced_tokens_first():
+    p = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0])
+    seed = {(): [0, 3], (0,): [2]}
+    for sampling in (SamplingConfig(0.0), SamplingConfig(1.0)):
+        tree = tree_module.grow(TreeSpec(3, 2), sampling, torch.Generator().manual_seed(0), p.log(),
+                                lambda tree, nodes: p.log().expand(len(nodes), -1), seed=seed)
+        kids = tree.children()
+        assert [tree.tokens[c] for c in kids[-1][:2]] == [0, 3]
+        assert tree.tokens[kids[-1][2]] not in (0, 3) and p[tree.tokens[kids[-1][2]]] > 0
+        assert torch.equal(tree.rows[kids[-1][0]], torch.eye(5)[0])
+        if not sampling.greedy:  # the draft's child was drawn from p without the forced tokens
+            torch.testing.assert_close(tree.rows[kids[-1][2]], torch.tensor([0, 0.75, 0.25, 0, 0]))
+        assert tree.tokens[kids[kids[-1][0]][0]] == 2  # the forced token one level down, under its path
+        assert all(tree.tokens[c] != 2 for c in kids[kids[-1][0]][1:])
+
+
+def test_hybrid_tree_merges_lookup_and_draft():
+    from specrepro.drafts.hybrid import trie
+
+    target = tiny_llama(0, layers=2)
+    seq = torch.tensor(PROMPT.tolist() + PROMPT.tolist())  # the prompt twice: lookup has a match
+    lookup = LookupDraft(target.config.vocab_size, max_ngram=2)
+    copied = lookup.propose_tree(seq, TreeSpec(3, 3), SamplingConfig(0.0))
+    assert len(copied)
+    for merge in (True, False):
+        hybrid = HybridDraft(ModelDraft(tiny_llama(1)), lookup, merge_trees=merge)
+        tree = hybrid.propose_tree(seq, TreeSpec(3, 3), SamplingConfig(0.0))
+        assert set(trie(copied)[()]) <= {tree.tokens[c] for c in tree.children()[-1]}
+        assert (len(tree) > len(copied)) == merge and hybrid.merged_loops == int(merge)
 
 
 # --- 2. end to end ---------------------------------------------------------------------------------------
@@ -176,8 +226,9 @@ def test_every_draft_kind_is_lossless_with_a_tree(name, factory):
     print(result)
     assert result.pvalue > ALPHA, result
     assert stats["accepted_any"] > 0, "no tree node was ever accepted"
-    if isinstance(draft, HybridDraft):  # both proposers took part
+    if isinstance(draft, HybridDraft):  # both proposers took part, alone and in one tree
         assert draft.lookup_loops > 0 and draft.fallback_loops > 0, (draft.lookup_loops, draft.fallback_loops)
+        assert draft.merged_loops > 0, "no tree merged the lookup's tokens and the draft's"
 
 
 @pytest.mark.parametrize("name, rule, draw_children", WRONG)
@@ -311,7 +362,8 @@ def test_greedy_tree_parity_smollm(smollm, truncated_draft):
         hf = model.generate(ids[None], max_new_tokens=24, do_sample=False, eos_token_id=eos)[0, len(ids):]
         assert ars.tokens.tolist() == hf.tolist()
         for target, draft, spec in ((model, truncated_draft, TreeSpec(2, 3)), (lean, truncated_draft, TreeSpec(3, 4, 10)),
-                                    (lean, LookupDraft(model.config.vocab_size), TreeSpec(3, 4))):
+                                    (lean, LookupDraft(model.config.vocab_size), TreeSpec(3, 4)),
+                                    (lean, HybridDraft(truncated_draft), TreeSpec(3, 3, 8))):
             sps = sr.speculative_generate(target, draft, ids, max_new_tokens=24, temperature=0, eos_token_id=eos,
                                           tree=spec)
             assert sps.tokens.tolist() == ars.tokens.tolist(), (prompt, spec)

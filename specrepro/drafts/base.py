@@ -112,10 +112,11 @@ class ModelDraft(Draft):
         self.tokens = torch.cat([seq, tokens[:-1]])
         return tokens, torch.stack(probs)
 
-    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
         """A token tree after seq (specrepro.tree.grow): one batched draft pass per level, each fed node
         attending to the context and its ancestors. The cache is rolled back to seq afterwards.
-        confidence_threshold is not used: the tree's shape is set by its TreeSpec."""
+        confidence_threshold is not used: the tree's shape is set by its TreeSpec. seed: forced first
+        children per path (a hybrid's lookup trie; see tree.grow)."""
         from ..tree import attention_mask, grow
 
         seq = seq.to(self.runner.device)
@@ -142,7 +143,7 @@ class ModelDraft(Draft):
             self.calls += 1
             return logits
 
-        tree = grow(spec, sampling, generator, root_logits, next_logits)
+        tree = grow(spec, sampling, generator, root_logits, next_logits, seed)
         self.runner.rollback(n)
         self.tokens = seq
         return tree

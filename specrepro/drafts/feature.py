@@ -129,7 +129,7 @@ class FeatureDraft(Draft):
         return torch.stack(tokens), torch.stack(probs)
 
     @torch.inference_mode()
-    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
         """A token tree (specrepro.tree.grow): each level's nodes roll forward from their parent's feature
         in one batched step, attending to the real positions and their ancestors."""
         from ..tree import attention_mask, grow
@@ -154,7 +154,7 @@ class FeatureDraft(Draft):
             return logits_of(out)
 
         self.calls += 1
-        tree = grow(spec, sampling, generator, logits_of(f[0, -1]), next_logits)
+        tree = grow(spec, sampling, generator, logits_of(f[0, -1]), next_logits, seed)
         self.cache.truncate(real)
         self.tokens = seq
         return tree

@@ -96,7 +96,7 @@ class HeadsDraft(Draft):
         return torch.stack(tokens), torch.stack(probs)
 
     @torch.inference_mode()
-    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
+    def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
         """Medusa-style tree: a node at depth d gets its children from head d + 1 (the last head beyond K),
         whatever its own token; all heads come from one pass."""
         from ..tree import grow
@@ -112,4 +112,4 @@ class HeadsDraft(Draft):
         self.calls += 1
         last = len(logits) - 1
         return grow(spec, sampling, generator, logits[0],
-                    lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]])
+                    lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]], seed)

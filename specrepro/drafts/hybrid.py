@@ -17,10 +17,12 @@ class HybridDraft(Draft):
     p rows are the distribution its tokens were drawn from (one-hot for lookup), so the rejection step
     stays exact. The fallback keeps its own cache and catches up on the tokens lookup loops added when it
     is next called. fallback_k caps the fallback's lookahead (None: the loop's K). lookup_loops and
-    fallback_loops count the proposals each made since construction (reset() keeps them).
+    fallback_loops count the proposals each made since construction (reset() keeps them); with token
+    trees, merge_trees puts both in one tree (see propose_tree), counted in lookup_loops and merged_loops.
     """
 
-    def __init__(self, fallback, lookup: LookupDraft | None = None, fallback_k: int | None = None):
+    def __init__(self, fallback, lookup: LookupDraft | None = None, fallback_k: int | None = None,
+                 merge_trees: bool = True):
         super().__init__()
         self.fallback = as_draft(fallback)
         self.vocab_size = self.fallback.vocab_size
@@ -32,7 +34,8 @@ class HybridDraft(Draft):
             raise ValueError(f"fallback_k must be an integer >= 1 or None, got {fallback_k!r}")
         self.fallback_k = fallback_k
         self.wants_target_hidden = self.fallback.wants_target_hidden
-        self.lookup_loops = self.fallback_loops = 0
+        self.merge_trees = bool(merge_trees)
+        self.lookup_loops = self.fallback_loops = self.merged_loops = 0
 
     def reset(self) -> None:
         super().reset()
@@ -50,17 +53,45 @@ class HybridDraft(Draft):
         return out
 
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
-        """The lookup's tree where the context has a match, else the fallback's (its chain if it cannot branch,
-        which specrepro.tree allows only at width 1)."""
+        """One tree from both proposers (merge_trees, the default): the lookup's trie gives each expanded
+        node on its branches its first children (one-hot rows), and the fallback draft adds its own children
+        beside them, drawn from its distribution without the lookup's tokens (tree.grow's seed), in the
+        same node budget: when the copied continuation is wrong at some depth, the draft's candidates are
+        there. Without a lookup match this is the fallback's tree. merge_trees=False: the lookup's tree
+        where the context has a match, else the fallback's (the chain's either/or). A fallback that cannot
+        branch gives its chain, which specrepro.tree allows only at width 1."""
         from ..tree import check_can_branch, propose
 
-        tree = self.lookup.propose_tree(seq, spec, sampling, generator)
-        if len(tree):
+        lookup = self.lookup.propose_tree(seq, spec, sampling, generator)
+        if len(lookup) and not (self.merge_trees and _can_seed(self.fallback)):
             self.lookup_loops += 1
-            return tree
+            return lookup
         check_can_branch(self.fallback, spec)
-        self.fallback_loops += 1
         before = self.fallback.calls
-        out = propose(self.fallback, seq, spec, sampling, generator, target_hidden)
+        if len(lookup) and self.merge_trees:
+            self.lookup_loops += 1
+            self.merged_loops += 1
+            out = self.fallback.propose_tree(seq, spec, sampling, generator, target_hidden, seed=trie(lookup))
+        else:
+            self.fallback_loops += 1
+            out = propose(self.fallback, seq, spec, sampling, generator, target_hidden)
         self.calls += self.fallback.calls - before
         return out
+
+
+def trie(tree) -> dict[tuple, list[int]]:
+    """A tree's children by path: (tokens from the root) -> the tokens of that node's children, in order."""
+    out: dict[tuple, list[int]] = {}
+    paths: dict[int, tuple] = {-1: ()}
+    for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens)):
+        out.setdefault(paths[parent], []).append(token)
+        paths[i] = paths[parent] + (token,)
+    return out
+
+
+def _can_seed(draft) -> bool:
+    """Whether the draft's propose_tree takes a seed (the model drafts built on tree.grow)."""
+    import inspect
+
+    fn = getattr(draft, "propose_tree", None)
+    return fn is not None and "seed" in inspect.signature(fn).parameters
