@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export MPLBACKEND := agg
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv drafts
+.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv drafts gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ figures: setup
 # $SPECREPRO_HOME/drafts, which sr.drafts.load prefers to the shipped copies; an interrupted run resumes.
 drafts: setup
 	for cfg in artifacts/drafts/*/config.json; do $(PY) -m specrepro.drafts.longrun --config $$cfg || exit 1; done
+
+# on a machine with a CUDA GPU (never in `make test`): the CUDA tests and the bench's pass costs on
+# SmolLM2-shaped targets; tests/gpu_check.sh says what it runs, results go to figures/gpu-check/
+gpu-check: setup
+	OUT=figures/gpu-check PY=$(PY) bash tests/gpu_check.sh
 
 lab: notebooks
 	$(VENV)/bin/jupyter lab notebooks/

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .lean import LeanRunner, mlp, rms_norm, rotate
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, uniforms
 from .speculative import Generation
 
 
@@ -86,8 +86,7 @@ def batch_rejection_step(drafted, p, q, generator=None):
     rows = torch.arange(b, device=q.device)
     q_x = q[:, :k].gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
     p_x = p.gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
-    # drawn on the generator's device (a CPU generator may drive a CUDA target), then moved
-    r = torch.rand(b, k, generator=generator, device=generator.device if generator is not None else q.device).to(q.device)
+    r = uniforms((b, k), generator, q.device)
     accept = r * p_x < q_x  # r < q/p without dividing
     n = accept.long().cumprod(1).sum(1)  # accepted before the first rejection
     # p padded with a zero row at K: the "residual" of a row that accepted everything is q[:, K] itself

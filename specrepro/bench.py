@@ -25,7 +25,7 @@ from .drafts.base import ModelDraft
 from .drafts.lookup import LookupDraft
 from .lean import LeanRunner, is_llama_like, set_threads
 from .profiling import profile_sps
-from .runners import HFRunner, split_reason
+from .runners import HFRunner, input_device, split_reason
 from .machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
 from .speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
 from .tree import parse_tree
@@ -264,11 +264,15 @@ def bench(
 
 
 def memory_floor_probe(setup: Setup, costs: dict) -> dict:
-    """The CPU, its copy bandwidth, and per runner the weight bytes a pass streams, the floor that sets
-    (bytes / bandwidth) and the measured one-token pass over it (costs gain "floor_ms" and "over_floor")."""
-    bandwidth = copy_bandwidth()
-    out = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "copy_bandwidth_gbs": bandwidth, "threads": torch.get_num_threads(),
-           "runners": {}}
+    """The CPU, the copy bandwidth of the memory the target's weights sit in (the GPU's where it runs on
+    one), and per runner the weight bytes a pass streams, the floor that sets (bytes / bandwidth) and the
+    measured one-token pass over it (costs gain "floor_ms" and "over_floor")."""
+    device = input_device(setup.target)  # where a dispatched model's embedding runs
+    bandwidth = copy_bandwidth(device=device)
+    out = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "device": str(device), "copy_bandwidth_gbs": bandwidth,
+           "threads": torch.get_num_threads(), "runners": {}}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
     for name, runner in setup.targets.items():
         dtype = getattr(runner, "dtype", None)
         nbytes = weight_bytes(setup.target, dtype)

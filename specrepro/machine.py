@@ -50,19 +50,24 @@ def describe_cpu(info: dict | None = None) -> str:
     return f"{info['model']} ({info['cores']} cores; {' '.join(info['flags']) or 'no SIMD flags read'}{limits})"
 
 
-def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
-    """Memory bandwidth in GB/s as torch copies a buffer larger than any cache (bytes read + written).
+def copy_bandwidth(megabytes: int = 256, reps: int = 5, device="cpu") -> float:
+    """Memory bandwidth in GB/s as torch copies a buffer larger than any cache (bytes read + written), in
+    the memory of `device` (a GPU's own memory for a model that runs there).
 
     Uses torch's current thread count, like the forward passes it is compared with.
     """
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     n = megabytes * 2**20 // 4
-    src = torch.ones(n, dtype=torch.float32)
+    src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch: page faults are not bandwidth
     times = []
     for _ in range(reps):
+        sync(device)
         t = time.perf_counter()
         dst.copy_(src)
+        sync(device)
         times.append(time.perf_counter() - t)
     return 2 * n * 4 / statistics.median(times) / 1e9
 

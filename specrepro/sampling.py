@@ -79,6 +79,13 @@ def logits_to_probs(
     return logits.softmax(-1)
 
 
+def uniforms(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """U(0, 1) draws of `shape` on `device`, drawn on the generator's own device (a CPU generator may drive
+    a CUDA target: it draws on the CPU, the values move), so one seed gives one stream on any device."""
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where).to(device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token index per row of `probs` ([..., V] -> [...])."""
     flat = probs.reshape(-1, probs.shape[-1])

@@ -13,7 +13,7 @@ import torch
 
 from .drafts.base import Draft, as_draft
 from .runners import HFRunner, context_window, vocab_size
-from .sampling import SamplingConfig, sample
+from .sampling import SamplingConfig, sample, uniforms
 from . import tree as tree_sampling
 
 MAX_LOOKAHEAD = 32
@@ -108,9 +108,7 @@ def rejection_step(
         rows = torch.arange(k, device=q.device)
         q_x = q[rows, draft_tokens]
         p_x = p[rows, draft_tokens]
-        # drawn on the generator's device (a CPU generator may drive a CUDA target)
-        r = torch.rand(k, generator=generator, device=generator.device if generator is not None else q.device)
-        r = r.to(q.device)
+        r = uniforms(k, generator, q.device)
         # r < q/p without dividing (p_x > 0: the token was drawn from p)
         rejected = (r * p_x >= q_x).nonzero()
         if rejected.numel():

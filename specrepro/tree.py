@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .sampling import SamplingConfig, sample
+from .sampling import SamplingConfig, sample, uniforms
 
 MAX_DEPTH = 32
 
@@ -375,7 +375,7 @@ def accept(tree: Tree, q: torch.Tensor, generator: torch.Generator | None = None
             path.append(nxt)
             node = nxt
     # one uniform per node, drawn up front: a chain consumes the generator exactly as rejection_step does
-    u = torch.rand(len(tree), generator=generator, device=q.device)
+    u = uniforms(len(tree), generator, q.device)
     while True:
         r = q[node + 1]
         for c in children[node]:

@@ -167,18 +167,21 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @cuda
-def test_cpu_generator_drives_a_cuda_target(tiny_pair):
+@pytest.mark.parametrize("runner", ["hf", "lean"])
+def test_cpu_generator_drives_a_cuda_target(tiny_pair, runner):
     """A CPU generator with a CUDA model: draws happen on the CPU, so the same seed gives the same tokens as
     on the CPU whenever the two devices compute the same distributions (here: greedy and tiny models)."""
     target, draft = tiny_pair
     probs = torch.softmax(torch.randn(3, VOCAB), -1)
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     assert torch.equal(sample(probs.cuda(), g1).cpu(), sample(probs, g2))
-    t, d = target.to("cuda"), draft.to("cuda")
+    target.to("cuda"), draft.to("cuda")
+    t, d = (LeanRunner(target), LeanRunner(draft)) if runner == "lean" else (target, draft)
     try:
         gen = sr.speculative_generate(t, d, PROMPT, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
         assert len(gen.tokens) == 8
         cpu_draft = draft.to("cpu")  # a draft on another device than the target
+        cpu_draft = LeanRunner(cpu_draft) if runner == "lean" else cpu_draft
         gen = sr.speculative_generate(t, cpu_draft, PROMPT, max_new_tokens=8, temperature=0)
         assert torch.equal(gen.tokens, sr.autoregressive_generate(t, PROMPT, max_new_tokens=8, temperature=0).tokens)
     finally:
@@ -200,3 +203,49 @@ def test_bench_runs_a_split_target_on_the_hf_runner(models):
     assert len({tuple(r["ids"]) for r in result["rows"]}) == 1
     assert set(result["costs"]) == {"hf"} and result["costs"]["hf"]["v"].keys() == {1, 2}
     assert result["machine"]["runners"]["hf"]["weight_bytes"] > 0
+
+
+@cuda
+@pytest.mark.parametrize("runner", ["hf", "lean"])
+def test_cuda_greedy_chain_and_tree_equal_plain_greedy(runner):
+    """On a GPU, in float32: greedy SpS with a chain and with token trees (the tree's 4-D mask, depth
+    positions and KV compaction running on CUDA) equals greedy ArS and HF generate token for token."""
+    from specrepro.drafts import ModelDraft
+    from specrepro.tree import TreeSpec
+
+    target = tiny_llama(0, VOCAB, layers=3, eos_token_id=None).to("cuda")
+    draft = tiny_llama(1, VOCAB, layers=1, eos_token_id=None).to("cuda")
+    n, prompt = 24, PROMPT.to("cuda")
+    hf = target.generate(prompt.view(1, -1), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(PROMPT):]
+    t = LeanRunner(target) if runner == "lean" else target
+    d = ModelDraft(LeanRunner(draft)) if runner == "lean" else draft
+    ars = sr.autoregressive_generate(t, prompt, max_new_tokens=n, temperature=0)
+    assert torch.equal(ars.tokens.cpu(), hf.cpu())
+    for tree in (None, TreeSpec(2, 3), TreeSpec(3, 4, 10)):
+        gen = sr.speculative_generate(t, d, prompt, max_new_tokens=n, lookahead=3, temperature=0, tree=tree)
+        assert torch.equal(gen.tokens.cpu(), hf.cpu()), tree
+
+
+@cuda
+def test_cuda_tree_sampled_joint_is_the_target_joint():
+    """The tree sampler with a CUDA target and draft (CPU generator) passes test_tree's chi-square harness
+    against the exact joint of the same model on the CPU; a wrong rule on the same GPU pair fails it
+    (2 tests, each at ALPHA: the right one must pass, the wrong one must reject)."""
+    import copy
+
+    from specrepro.drafts import ModelDraft
+    from specrepro.tree import TreeSpec
+    from test_tree import EOS, fit
+
+    target, draft = tiny_llama(0), tiny_llama(3)  # test_tree's power pair
+    gpu_target = LeanRunner(copy.deepcopy(target).to("cuda"))
+    gpu_draft = ModelDraft(LeanRunner(copy.deepcopy(draft).to("cuda")))
+    args = (TreeSpec(3, 2), SamplingConfig(1.0), EOS)
+    right, _, stats = fit(gpu_target, gpu_draft, *args, seed=600, model=target)
+    print(right)
+    assert right.pvalue > ALPHA, right
+    assert stats["accepted_any"] > 0
+    with wrong.tree_rule_replaced(wrong.tree_siblings_not_removed):
+        bad, _, _ = fit(gpu_target, gpu_draft, *args, seed=601, model=target)
+    print(bad)
+    assert bad.pvalue < ALPHA, bad
