@@ -52,23 +52,32 @@ def ratio_ci(numerators, denominators, n_boot: int = N_BOOT, level: float = LEVE
     return (point, *_percentiles(a[idx].sum(axis=1) / b[idx].sum(axis=1), level))
 
 
-def speedup_ci(ars_seconds, ars_tokens, sps_seconds, sps_tokens, n_boot: int = N_BOOT, level: float = LEVEL,
-               seed: int = 0) -> tuple[float, float, float]:
-    """(ArS time per token / SpS time per token, low, high) over paired items (same prompts, both methods)."""
-    ars_s, ars_t = np.asarray(ars_seconds, float), np.asarray(ars_tokens, float)
-    sps_s, sps_t = np.asarray(sps_seconds, float), np.asarray(sps_tokens, float)
-    if not (ars_s.shape == ars_t.shape == sps_s.shape == sps_t.shape):
-        raise ValueError("speedup_ci needs the same items for ArS and SpS")
-    if ars_s.size == 0:
+def ratio_of_ratios_ci(a_num, a_den, b_num, b_den, n_boot: int = N_BOOT, level: float = LEVEL,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """((sum a_num / sum a_den) / (sum b_num / sum b_den), low, high), resampling items i with all four of
+    their values together: two methods compared on the same items (a speedup, a tree's tau over a chain's)."""
+    a_n, a_d, b_n, b_d = (np.asarray(x, float) for x in (a_num, a_den, b_num, b_den))
+    if not (a_n.shape == a_d.shape == b_n.shape == b_d.shape):
+        raise ValueError("a ratio of ratios needs the same items on both sides: "
+                         f"{a_n.shape}, {a_d.shape} vs {b_n.shape}, {b_d.shape}")
+    if a_n.size == 0:
         return math.nan, math.nan, math.nan
 
     def stat(idx):
-        return (ars_s[idx].sum(-1) / ars_t[idx].sum(-1)) / (sps_s[idx].sum(-1) / sps_t[idx].sum(-1))
+        return (a_n[idx].sum(-1) / a_d[idx].sum(-1)) / (b_n[idx].sum(-1) / b_d[idx].sum(-1))
 
-    point = float(stat(np.arange(ars_s.size)))
-    if ars_s.size < 2:
+    point = float(stat(np.arange(a_n.size)))
+    if a_n.size < 2:
         return point, math.nan, math.nan
-    return (point, *_percentiles(stat(_indices(ars_s.size, n_boot, seed)), level))
+    return (point, *_percentiles(stat(_indices(a_n.size, n_boot, seed)), level))
+
+
+def speedup_ci(ars_seconds, ars_tokens, sps_seconds, sps_tokens, n_boot: int = N_BOOT, level: float = LEVEL,
+               seed: int = 0) -> tuple[float, float, float]:
+    """(ArS time per token / SpS time per token, low, high) over paired items (same prompts, both methods)."""
+    if not (np.shape(ars_seconds) == np.shape(ars_tokens) == np.shape(sps_seconds) == np.shape(sps_tokens)):
+        raise ValueError("speedup_ci needs the same items for ArS and SpS")
+    return ratio_of_ratios_ci(ars_seconds, ars_tokens, sps_seconds, sps_tokens, n_boot, level, seed)
 
 
 def paired_test(ars, sps) -> dict:

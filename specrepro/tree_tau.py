@@ -18,14 +18,15 @@ from tqdm import tqdm
 
 from . import records as rec
 from . import workloads as wl
+from .intervals import ratio_ci, ratio_of_ratios_ci
 from .lean import LeanRunner, set_threads
 from .models import load_model
 from .results import ResultsFile, markdown_table, machine_info
 from .speculative import speculative_generate
 from .tree import TreeSpec, parse_tree
 
-COLUMNS = ["draft", "task", "temperature", "setting", "nodes", "tau", "vs_best_chain", "best_chain",
-           "n_prompts", "tokens", "target_calls"]
+COLUMNS = ["draft", "task", "temperature", "setting", "nodes", "tau", "tau_ci_low", "tau_ci_high", "vs_best_chain",
+           "vs_best_chain_ci_low", "vs_best_chain_ci_high", "best_chain", "n_prompts", "tokens", "target_calls"]
 
 
 def settings(ks, trees) -> list[tuple[str, int, TreeSpec | None]]:
@@ -54,20 +55,30 @@ def run(target, drafts: dict, prompts: dict, ks, trees, temps, new_tokens: int, 
 
 
 def summarise(records: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
+    """One row per (draft, task, temperature, setting): tau with a bootstrap 95% interval over prompts, and
+    tau over the best chain's tau (the chain K with the highest tau on the same prompts) with a paired one."""
+    groups: dict[tuple, dict[str, dict]] = {}
     for r in records:
-        groups.setdefault((r["draft"], r["task"], r["temperature"], r["setting"]), []).append(r)
+        groups.setdefault((r["draft"], r["task"], r["temperature"], r["setting"]), {})[r["item"]] = r
     rows = []
-    for (draft, task, temp, setting), rs in sorted(groups.items()):
+    for (draft, task, temp, setting), items in sorted(groups.items()):
+        rs = list(items.values())
         tokens, calls = sum(r["tokens"] for r in rs), sum(r["target_calls"] for r in rs)
+        _, lo, hi = ratio_ci([r["tokens"] for r in rs], [r["target_calls"] for r in rs])
         rows.append({"draft": draft, "task": task, "temperature": temp, "setting": setting, "nodes": rs[0]["nodes"],
-                     "tau": tokens / calls, "n_prompts": len(rs), "tokens": tokens, "target_calls": calls})
+                     "tau": tokens / calls, "tau_ci_low": lo, "tau_ci_high": hi, "n_prompts": len(rs),
+                     "tokens": tokens, "target_calls": calls})
     for row in rows:
-        chains = [r for r in rows if r["setting"].startswith("chain") and
-                  (r["draft"], r["task"], r["temperature"]) == (row["draft"], row["task"], row["temperature"])]
+        group = (row["draft"], row["task"], row["temperature"])
+        chains = [r for r in rows if r["setting"].startswith("chain") and (r["draft"], r["task"], r["temperature"]) == group]
         best = max(chains, key=lambda r: r["tau"]) if chains else None
         row["best_chain"] = best["setting"] if best else ""
-        row["vs_best_chain"] = row["tau"] / best["tau"] if best else float("nan")
+        row["vs_best_chain"] = row["vs_best_chain_ci_low"] = row["vs_best_chain_ci_high"] = float("nan")
+        if best:
+            mine, theirs = groups[(*group, row["setting"])], groups[(*group, best["setting"])]
+            shared = sorted(mine.keys() & theirs.keys())  # paired over the prompts both ran
+            row["vs_best_chain"], row["vs_best_chain_ci_low"], row["vs_best_chain_ci_high"] = ratio_of_ratios_ci(
+                *([d[i][k] for i in shared] for d in (mine, theirs) for k in ("tokens", "target_calls")))
     return rows
 
 
