@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .lean import LeanRunner, mlp, rms_norm, rotate
-from .sampling import SamplingConfig, uniforms
+from .sampling import SamplingConfig, sample, uniforms
 from .speculative import Generation
 
 
@@ -95,7 +95,7 @@ def batch_rejection_step(drafted, p, q, generator=None):
     residual = (q_n - p_n).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     dist = torch.where(total > 0, residual / total.clamp_min(1e-30), q_n)  # q == p: fall back to q
-    return n, torch.multinomial(dist, 1, generator=generator).squeeze(-1)
+    return n, sample(dist, generator)
 
 
 def speculative_generate_batch(
@@ -151,7 +151,7 @@ def speculative_generate_batch(
         drafted, ps = [], []
         for t in range(K):
             p = sampling.probs(logits)
-            x = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+            x = sample(p, generator)
             drafted.append(x)
             ps.append(p)
             if t < K - 1:

@@ -107,7 +107,33 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.backend == "eager":
             return tuple(F.linear(x, w, b) for w, b in self.parts)
+        y = self.joint(x)
+        return (y,) if len(self.sizes) == 1 else y.split(self.sizes, dim=-1)
+
+    def joint(self, x: torch.Tensor) -> torch.Tensor:
+        """All projections of x in one tensor, concatenated along the last dimension."""
+        if self.backend == "eager":
+            outs = [F.linear(x, w, b) for w, b in self.parts]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
         shape = x.shape
         y = _onednn(x.reshape(-1, shape[-1]), self.packed, self.bias)
-        y = y.view(*shape[:-1], y.shape[-1])
-        return (y,) if len(self.sizes) == 1 else y.split(self.sizes, dim=-1)
+        return y.view(*shape[:-1], y.shape[-1])
+
+
+def inference_linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight) for `owner`, an nn.Linear (its weight and bias) or any module holding `weight`.
+
+    Without autograd, and where oneDNN serves the weight's dtype, the product runs on a prepacked copy of
+    the weight, made on first use and kept on `owner` until the weight changes (a training step bumps its
+    version). The trained drafts use it: their steps are matrix-vector products, which the packed kernel
+    streams ~2x faster on CPU than F.linear. With autograd on (training) it is plain F.linear.
+    """
+    w, b = (owner.weight, owner.bias) if weight is None else (weight, None)
+    if (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()) or unavailable_reason(
+            "onednn", w.dtype, w.device):
+        return F.linear(x, w, b)
+    cached = getattr(owner, "_specrepro_packed", None)
+    if cached is None or cached[0] is not w or cached[1] != w._version:
+        cached = (w, w._version, Linear([(w, b)], w.dtype, "onednn"))
+        owner._specrepro_packed = cached
+    return cached[2].joint(x.to(w.dtype))

@@ -71,7 +71,8 @@ def test_adaptive_lookahead_stops_when_unsure_and_stays_exact():
     adaptive_draft = sr.drafts.ModelDraft(draft, confidence_threshold=0.9)
     gen = sr.speculative_generate(target, adaptive_draft, prompt, max_new_tokens=30, lookahead=6, temperature=1.0,
                                   generator=torch.Generator().manual_seed(0))
-    assert min(gen.proposed) >= 1 and any(p < 6 for p in gen.proposed[:-1]), gen.proposed
+    # every loop drafts at least one token (the last may have no budget left to draft) and some stop early
+    assert min(gen.proposed[:-1]) >= 1 and any(p < 6 for p in gen.proposed[:-1]), gen.proposed
     greedy = sr.speculative_generate(target, sr.drafts.ModelDraft(draft, confidence_threshold=0.9), prompt,
                                      max_new_tokens=30, lookahead=6, temperature=0)
     assert greedy.tokens.tolist() == ars.tokens.tolist() == fixed.tokens.tolist()

@@ -85,6 +85,30 @@ def test_linear_with_bias_and_fused_outputs_match_f_linear():
             torch.testing.assert_close(o, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
+def test_inference_linear_packs_once_and_repacks_after_a_weight_update():
+    """Drafting runs a draft's linears prepacked; the result is F.linear's, the pack is reused, an in-place
+    weight update (a training step) is seen, and with autograd on it is plain F.linear with a gradient."""
+    if unavailable_reason("onednn", torch.float32):
+        pytest.skip("no oneDNN on this machine: inference_linear is F.linear")
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.inference_linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+        packed = layer._specrepro_packed
+        kernels.inference_linear(layer, x)
+        assert layer._specrepro_packed is packed  # reused
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+        torch.testing.assert_close(kernels.inference_linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    head = torch.randn(5, 16, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(kernels.inference_linear(layer, x, head), x @ head.T, atol=1e-5, rtol=1e-5)
+    y = kernels.inference_linear(layer, x)
+    y.sum().backward()
+    assert layer.weight.grad is not None
+
+
 def test_unavailable_backend_falls_back_to_eager_with_a_warning(monkeypatch):
     monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "pretend this CPU has none")
     monkeypatch.setattr(kernels, "_probe_cache", {})

@@ -76,6 +76,32 @@ def test_sample_never_picks_zero_probability():
     assert set(sample(probs, torch.Generator().manual_seed(0)).tolist()) == {1, 3}
 
 
+def test_sample_matches_the_distribution_and_handles_edges():
+    """Inverse-CDF sampling: frequencies follow p (chi-square, alpha 0.001), a one-hot row gives its token,
+    zero-mass tokens at either end are never drawn, and batch shapes are kept."""
+    from scipy.stats import chisquare
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.tensor([0.0, 0.05, 0.0, 0.15, 0.3, 0.5, 0.0])
+    counts = torch.bincount(sample(p.expand(40000, 7), g), minlength=7)
+    assert counts[[0, 2, 6]].sum() == 0
+    nonzero = p > 0
+    assert chisquare(counts[nonzero].numpy(), (p[nonzero] * 40000).numpy()).pvalue > 0.001
+    one_hot = torch.nn.functional.one_hot(torch.tensor([5, 49151, 0]), 49152).float()
+    assert sample(one_hot, g).tolist() == [5, 49151, 0]
+    assert sample(torch.rand(2, 3, 10).softmax(-1), g).shape == (2, 3)
+    # unnormalised rows are sampled in proportion to their mass
+    twice = torch.tensor([0.0, 2.0, 6.0])
+    counts = torch.bincount(sample(twice.expand(20000, 3), g), minlength=3)
+    assert counts[0] == 0 and abs(counts[2] / 20000 - 0.75) < 0.02
+
+
+def test_sample_when_u_times_total_rounds_onto_the_total(monkeypatch):
+    """A uniform so close to 1 that u * total is the total: the last token with mass, not one past it."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(a[0], a[1], dtype=torch.float64))
+    assert sample(torch.tensor([0.2, 0.8, 0.0, 0.0])).tolist() == 1
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

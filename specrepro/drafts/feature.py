@@ -15,6 +15,7 @@ from torch import nn
 from .base import Draft, common_prefix_length
 from .common import expand_logits, reduced_soft_targets, soft_ce
 from .layers import DecoderLayer, KVCache, RMSNorm
+from ..kernels import inference_linear
 from ..runners import context_window, vocab_size
 from ..sampling import sample
 
@@ -41,8 +42,9 @@ class FrozenTargetParts:
         return None if self.keep.numel() == 0 else self.keep
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
-        """Logits over the kept vocabulary (apply expand_logits for the full one)."""
-        return f @ self.head.T
+        """Logits over the kept vocabulary (apply expand_logits for the full one). The head is most of a
+        draft step: when drafting it runs prepacked (specrepro.kernels.inference_linear)."""
+        return inference_linear(self, f, self.head)
 
 
 class FeatureNet(nn.Module, FrozenTargetParts):
@@ -64,7 +66,7 @@ class FeatureNet(nn.Module, FrozenTargetParts):
 
     def step(self, h, next_ids, pos, cache=None, mask=None) -> torch.Tensor:
         """f_t from h_t [B, T, H] and token t+1 [B, T] at positions pos [T] (mask: a token tree's)."""
-        x = self.fc(torch.cat([h, F.embedding(next_ids, self.emb)], -1))
+        x = inference_linear(self.fc, torch.cat([h, F.embedding(next_ids, self.emb)], -1))
         return self.norm(self.layer(x, pos, cache, mask))
 
 

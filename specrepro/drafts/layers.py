@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import inference_linear as lin
+
 
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-5):
@@ -69,9 +71,9 @@ class DecoderLayer(nn.Module):
         mask: [T, cached + T] bool, which keys each query sees (a token tree); default causal."""
         b, t, _ = x.shape
         h = self.norm1(x)
-        q = rope(self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2), pos, self.theta)
-        k = rope(self.k(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2), pos, self.theta)
-        v = self.v(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        q = rope(lin(self.q, h).view(b, t, self.heads, self.hd).transpose(1, 2), pos, self.theta)
+        k = rope(lin(self.k, h).view(b, t, self.kv_heads, self.hd).transpose(1, 2), pos, self.theta)
+        v = lin(self.v, h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         past = 0
         if cache is not None:
             past = cache.length
@@ -86,6 +88,6 @@ class DecoderLayer(nn.Module):
             # query i sits at position past + i and may see keys 0 .. past + i
             mask = torch.arange(past + t)[None, :] <= (past + torch.arange(t))[:, None]
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.o(att.transpose(1, 2).reshape(b, t, -1))
+        x = x + lin(self.o, att.transpose(1, 2).reshape(b, t, -1))
         h = self.norm2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + lin(self.down, F.silu(lin(self.gate, h)) * lin(self.up, h))
