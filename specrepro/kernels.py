@@ -129,11 +129,14 @@ def inference_linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tens
     streams ~2x faster on CPU than F.linear. With autograd on (training) it is plain F.linear.
     """
     w, b = (owner.weight, owner.bias) if weight is None else (weight, None)
-    if (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()) or unavailable_reason(
-            "onednn", w.dtype, w.device):
+    if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
         return F.linear(x, w, b)
     cached = getattr(owner, "_specrepro_packed", None)
     if cached is None or cached[0] is not w or cached[1] != w._version:
-        cached = (w, w._version, Linear([(w, b)], w.dtype, "onednn"))
+        # whether oneDNN serves this weight is decided here, at (re)pack, not on every call
+        packed = None if unavailable_reason("onednn", w.dtype, w.device) else Linear([(w, b)], w.dtype, "onednn")
+        cached = (w, w._version, packed)
         owner._specrepro_packed = cached
+    if cached[2] is None:
+        return F.linear(x, w, b)
     return cached[2].joint(x.to(w.dtype))

@@ -109,6 +109,16 @@ def test_inference_linear_packs_once_and_repacks_after_a_weight_update():
     assert layer.weight.grad is not None
 
 
+def test_inference_linear_is_f_linear_where_onednn_cannot_serve_the_weight():
+    """A weight dtype oneDNN is not wired for (float64) gets F.linear, decided once at (re)pack."""
+    g = torch.Generator().manual_seed(1)
+    layer = torch.nn.Linear(16, 8).double()
+    x = torch.randn(3, 16, generator=g, dtype=torch.float64)
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.inference_linear(layer, x), layer(x))
+        assert layer._specrepro_packed[2] is None
+        torch.testing.assert_close(kernels.inference_linear(layer, x), layer(x))
+
 def test_unavailable_backend_falls_back_to_eager_with_a_warning(monkeypatch):
     monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "pretend this CPU has none")
     monkeypatch.setattr(kernels, "_probe_cache", {})
