@@ -10,7 +10,11 @@ is a drop-in `target` for speculative_generate and a runner for `drafts.ModelDra
   their key/value head (GQA without repeating keys) and an explicit causal mask for the new block: on
   CPU, `F.scaled_dot_product_attention` hits shapes where it takes ~16 ms instead of ~0.1 ms (measured
   on the 2-core EPYC, e.g. 5 float32 queries over 133 keys, 1 bfloat16 query over 600), so it is used
-  only on other devices;
+  only on other devices. On CPU the attention runs in float32 whatever the compute dtype, over a float32
+  KV cache that holds the keys and values exactly as the dtype rounded them: bfloat16 matmuls of these
+  tiny shapes cost ~90 us each where float32 ones cost ~25 (bfloat16 pass over 1 token 26.8 -> 23.9 ms
+  after 64 cached, 28.7 -> 26.6 after 400; over 2-9 tokens 1.00-1.07x; float32 unchanged; 2-core EPYC
+  with avx512_bf16, oneDNN linears, 2 threads: figures/bench/attention-f32-ab.txt);
 - no host syncs, no Python work that grows with the vocabulary or the sequence.
 """
 from __future__ import annotations
@@ -72,6 +76,7 @@ class LeanRunner:
     """
 
     batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
+    float32_cache_on_cpu = True  # see `attend`; BatchLeanRunner's SDPA wants the cache in the compute dtype
 
     def __init__(
         self,
@@ -135,6 +140,8 @@ class LeanRunner:
                 )
             )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        # float32 on CPU: `attend` computes there in float32 (the values stored are the dtype's, rounded)
+        self.cache_dtype = torch.float32 if self.device.type == "cpu" and self.float32_cache_on_cpu else self.dtype
         self.capacity = 0
         self._grow(min(capacity, self.context_window or capacity))
         self.reset()
@@ -220,8 +227,8 @@ class LeanRunner:
         if self.context_window is not None:
             capacity = min(capacity, self.context_window)
         shape = (len(self.layers), self.batch, self.n_kv_heads, capacity, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        k = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
         if self.capacity:
             k[:, :, :, : self.capacity] = self.k_cache
             v[:, :, :, : self.capacity] = self.v_cache
@@ -287,19 +294,21 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax attention. q: [1, heads, n, d]; k, v: [1, kv_heads, L, d]; mask: [n, L] bool or None.
 
-    Query head h reads key/value head h // (heads / kv_heads), as in HF's GQA. Scores and softmax in
-    float32 (HF's eager attention does the same for half-precision models).
+    Query head h reads key/value head h // (heads / kv_heads), as in HF's GQA. On CPU the products and the
+    softmax run in float32 (k and v come from the runner's float32 cache; the output is cast back to q's
+    dtype), so a float32 model is computed exactly as before and a half-precision one with its scores
+    unrounded; HF's eager attention rounds them to the half dtype before its float32 softmax.
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
     _, heads, n, d = q.shape
     kv, length = k.shape[1], k.shape[2]
     group = heads // kv
-    scores = (q.reshape(1, kv, group * n, d) @ k.transpose(-1, -2)).float() * d**-0.5  # [1, kv, group * n, L]
+    scores = (q.float().reshape(1, kv, group * n, d) @ k.float().transpose(-1, -2)) * d**-0.5  # [1, kv, group * n, L]
     if mask is not None:
         scores = scores.view(1, kv, group, n, length).masked_fill(~mask, float("-inf")).view(1, kv, group * n, length)
-    weights = torch.softmax(scores, dim=-1).to(v.dtype)
-    return (weights @ v).view(1, heads, n, d)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ v.float()).to(q.dtype).view(1, heads, n, d)
 
 
 def mlp(h: torch.Tensor, gate_up, down) -> torch.Tensor:

@@ -7,7 +7,7 @@ import specrepro as sr
 from specrepro.drafts import ModelDraft
 from specrepro import kernels
 from specrepro.kernels import unavailable_reason
-from specrepro.lean import LeanRunner, causal_mask
+from specrepro.lean import LeanRunner, attend, causal_mask
 from specrepro.runners import HFRunner
 
 # a prompt fed in chunks, rolling back between some of them: (start, end) of each forward
@@ -181,6 +181,29 @@ def test_lean_bf16_close_to_fp32():
     assert (low - ref).abs().max() < 0.1 * ref.abs().max()
     assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched
 
+
+def test_bf16_runner_attends_in_float32_over_a_cache_of_bf16_values():
+    """On CPU a bfloat16 runner keeps its cache in float32 (for attend's float32 products), holding the
+    keys and values exactly as bfloat16 rounded them; attend matches float64 attention on those values."""
+    model = llama(0)
+    runner = LeanRunner(model, dtype=torch.bfloat16)
+    ids = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(4))
+    runner.forward(ids)
+    cached = runner.k_cache[..., : runner.length, :]
+    assert runner.k_cache.dtype == runner.v_cache.dtype == torch.float32
+    assert torch.equal(cached, cached.bfloat16().float()) and cached.abs().sum() > 0
+    assert LeanRunner(model).k_cache.dtype == torch.float32
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 3, 8, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 7, 8, generator=g).bfloat16().float() for _ in range(2))
+    mask = causal_mask(4, 3, "cpu")
+    out = attend(q, k, v, mask)
+    assert out.dtype == torch.bfloat16
+    qd, kd, vd = q.double().view(1, 2, 2, 3, 8), k.double().unsqueeze(2), v.double().unsqueeze(2)
+    scores = (qd @ kd.transpose(-1, -2)) * 8**-0.5
+    want = (torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ vd).view(1, 4, 3, 8)
+    torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2)
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generations_with_lean_runners_equal_hf(temperature):
