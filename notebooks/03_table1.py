@@ -75,6 +75,8 @@ q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memor
 p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
 runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)
+if ex.compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
+    p_model = ex.make_draft(draft, q_model, dtype=ex.compute_dtype(runner), device=device)
 news = ex.news_items(tokenizer, n_news, news_source)
 code = ex.code_items(tokenizer, n_code, code_source)
 

@@ -57,7 +57,7 @@ runner, meta["tune"] = ex.tuned_target(q_model, ex.make_draft("lookup", q_model)
 prompts = {"news": ex.news_items(tokenizer, n_news), "code": ex.code_items(tokenizer, n_code)}
 rows = ex.measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
                          Path(results_dir) / "drafts.jsonl", seed=seed, eos=ex.eos_ids(tokenizer), top_p=top_p,
-                         dtype=q_model.dtype, runner=runner, trees=trees)
+                         dtype=ex.compute_dtype(runner), runner=runner, trees=trees)  # drafts compute as the target runs
 ex.write_outputs(out_dir, "drafts", rows, meta)
 Image(plots.plot_drafts(out_dir)[0])
 

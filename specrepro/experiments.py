@@ -31,7 +31,8 @@ from .speculative import stop_at_text
 from .tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
 from .tasks.news import rouge2
 from .tree import tree_specs
-from .workloads import code_items, eos_ids, load_target, make_draft, news_items, slug, tuned_target  # noqa: F401
+from .workloads import (code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug,  # noqa: F401
+                        tuned_target)
 
 # ---------------------------------------------------------------------------------------------------
 # Figure 1: the lookahead sweep
@@ -296,7 +297,7 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
 
 
 def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
-                   temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=torch.float32,
+                   temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=None,
                    runner=None, trees=()) -> list[dict]:
     """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup;
     with `trees` (TreeSpecs or 'WIDTHxDEPTH[/NODES]'), also each token tree's tau and speedup per draft.
@@ -304,8 +305,10 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
     prompts: {task: [{id, prompt_ids}]} (held-out news and HumanEval). Each (draft, temperature) is one
     resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
     runner: what generates as the target (e.g. a tuned LeanRunner); default the HF model itself. Drafts are
-    built from the HF model `target`.
+    built from the HF model `target`, computing in `dtype` (default: the runner's, see compute_dtype).
     """
+    if dtype is None:
+        dtype = compute_dtype(runner if runner is not None else target)
     rows = []
     path = Path(results_path)
     for spec in draft_specs:

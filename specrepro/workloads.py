@@ -80,15 +80,19 @@ def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
 def eos_ids(tokenizer) -> list[int]:
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
-def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
+def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"):
     """A draft from a short spec.
 
     "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
-    modules (specrepro.drafts.lookup.truncated_model). "model:<HF id or dir>" or a local model directory:
-    a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling back to <spec> where
-    the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a kind of
-    specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
+    modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
+    local model directory: a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling
+    back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
+    kind of specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
+    dtype: what a model draft computes in (default: the target model's); pass the tuned runner's dtype
+    (`compute_dtype(runner)`) so the draft runs as cheaply as the target does.
     """
+    if dtype is None:
+        dtype = next(target.parameters()).dtype
     if spec.startswith("lookup+"):
         from .drafts import HybridDraft
 
@@ -101,9 +105,18 @@ def make_draft(spec: str, target, dtype=torch.float32, device="cpu"):
         return load_model(spec.removeprefix("model:"), dtype=dtype, device=device)[0]
     from . import drafts
 
-    return drafts.load(spec, target=target)
+    return drafts.load(spec, target=target, dtype=dtype)
 
-def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype = torch.float32):
+
+def compute_dtype(runner) -> torch.dtype:
+    """The dtype a target runner computes in: a LeanRunner's own, else its model's (an HFRunner, a model)."""
+    dtype = getattr(runner, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return next(getattr(runner, "model", runner).parameters()).dtype
+
+
+def load_draft(spec: str, target: torch.nn.Module, dtype: torch.dtype | None = None):
     """truncated:N, a model directory or model:<id>, lookup+<spec>, or a kind of specrepro.drafts.load."""
     return make_draft(spec, target, dtype=dtype, device=next(target.parameters()).device)
 

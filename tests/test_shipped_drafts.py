@@ -63,6 +63,29 @@ def test_load_falls_back_to_the_shipped_artifact_and_drafts(kind, real, empty_ho
     assert torch.allclose(p.sum(-1), torch.ones(4))
 
 
+@pytest.mark.parametrize("kind", SHIPPED_KINDS)
+def test_a_shipped_draft_computes_in_the_dtype_asked_for_without_casting_the_target(kind, real, empty_home):
+    """A float32 model run by a bfloat16 runner gets a bfloat16 draft (weights and borrowed tables), and the
+    model keeps its float32 weights; the draft's distributions stay float32 and normalised."""
+    model, tokenizer = real
+    before = model.get_output_embeddings().weight.detach().clone()
+    draft = load(kind, target=model, dtype=torch.bfloat16)
+    net = draft.net if hasattr(draft, "net") else draft.model
+    assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
+    for table in ("emb", "head"):
+        if hasattr(net, table):
+            assert getattr(net, table).dtype == torch.bfloat16, table
+    assert next(model.parameters()).dtype == torch.float32
+    assert torch.equal(model.get_output_embeddings().weight, before)
+    seq = torch.tensor(tokenizer("def add(a, b):\n    return", add_special_tokens=False)["input_ids"])
+    hidden = model.get_decoder()(input_ids=seq[:-1].view(1, -1)).last_hidden_state[0]  # float32 features
+    tokens, p = draft.propose(seq, 3, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0),
+                              target_hidden=hidden)
+    assert tokens.shape == (3,) and p.dtype == torch.float32
+    assert torch.allclose(p.sum(-1), torch.ones(3), atol=1e-4)
+    with pytest.raises(TypeError, match="floating torch.dtype"):
+        load(kind, target=model, dtype="bfloat16")
+
 def test_a_cache_artifact_takes_precedence_over_the_shipped_one(real, empty_home):
     model, _ = real
     cached = empty_home / "drafts" / "feature-0000000000"

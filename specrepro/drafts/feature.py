@@ -31,11 +31,14 @@ def _rope_theta(config) -> float:
 class FrozenTargetParts:
     """The target's embedding table and (optionally vocabulary-cut) LM head, not trained, not saved."""
 
-    def attach(self, target) -> None:
+    def attach(self, target, dtype: torch.dtype | None = None) -> None:
+        """Borrow the target's tables (views; a cast copy where `dtype` differs from the target's)."""
         self.vocab = vocab_size(target)
         self.emb = target.get_input_embeddings().weight.detach()
         head = target.get_output_embeddings().weight.detach()
         self.head = head if self.keep.numel() == 0 else head[self.keep].contiguous()
+        if dtype is not None:
+            self.emb, self.head = self.emb.to(dtype), self.head.to(dtype)
 
     @property
     def keep_ids(self):

@@ -64,7 +64,7 @@ def main(argv=None) -> list[dict]:
     prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
     rows = ex.measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
-                             seed=args.seed, eos=ex.eos_ids(tokenizer), dtype=target.dtype, runner=runner,
+                             seed=args.seed, eos=ex.eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
                              trees=trees)
     meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
     out = Path(args.out)

@@ -317,11 +317,14 @@ def artifacts_digest(kinds, root=None) -> str:
     return h.hexdigest()[:12]
 
 
-def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
+def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype: torch.dtype | None = None):
     """A ready Draft from a trained artifact (the newest for this kind and target unless `path`).
 
     With no `path` and no `root`, a kind the cache has no artifact of comes from the repository's shipped
-    artifacts (drafts/shipped.py), whose weights are checked against their recorded hash first."""
+    artifacts (drafts/shipped.py), whose weights are checked against their recorded hash first.
+    dtype: what the draft computes in; default the target model's. Give the target runner's compute dtype
+    when it differs from the model's (a float32 model run by a bfloat16 LeanRunner): a bfloat16 draft step
+    costs about half a float32 one on CPU. The target model itself is never cast."""
     from transformers import LlamaForCausalLM
 
     check_kind(kind, KINDS + FREE_KINDS)
@@ -348,7 +351,10 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
     cfg = json.loads((path / "config.json").read_text())
     if cfg["kind"] != kind or cfg["target"] != name:
         raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
-    dtype = next(target.parameters()).dtype  # the draft computes in the target's dtype (bfloat16 too)
+    if dtype is None:
+        dtype = next(target.parameters()).dtype  # the draft computes in the target's dtype (bfloat16 too)
+    elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     try:
         if kind in ("small", "seqkd") and (path / "model").is_dir():  # trained by trainer.train
             return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").to(dtype).eval())
@@ -357,6 +363,8 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None):
         net = build_net(kind, target, cfg, keep)
         load_weights(net, weights)
         net.to(dtype)
+        if isinstance(net, feature.FrozenTargetParts):
+            net.attach(target, dtype)  # the borrowed embedding and head in the draft's dtype too
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
         raise RuntimeError(
             f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
