@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 notebooks: setup
-	$(PY) -m specrepro.reproduce --sync
+	$(VENV)/bin/specrepro-reproduce --sync
 
 # unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults
 test: notebooks
@@ -35,16 +35,16 @@ test-fast: setup
 # RETRAIN=1 make reproduce: retrain the shipped drafts from scratch first (make drafts), then reproduce with them
 reproduce: setup
 	$(if $(RETRAIN),$(MAKE) drafts)
-	$(PY) -m specrepro.reproduce --profile $(PROFILE)
+	$(VENV)/bin/specrepro-reproduce --profile $(PROFILE)
 
 figures: setup
-	$(PY) -m specrepro.reproduce --profile $(PROFILE) --figures-only
+	$(VENV)/bin/specrepro-reproduce --profile $(PROFILE) --figures-only
 
 # retrain every shipped draft from scratch with its shipped config (artifacts/drafts/<kind>/config.json; each
 # config's budget_minutes of training at one thread, after building its data). The results go to
 # $SPECREPRO_HOME/drafts, which sr.drafts.load prefers to the shipped copies; an interrupted run resumes.
 drafts: setup
-	for cfg in artifacts/drafts/*/config.json; do $(PY) -m specrepro.drafts.longrun --config $$cfg || exit 1; done
+	for cfg in artifacts/drafts/*/config.json; do $(VENV)/bin/specrepro-drafts longrun --config $$cfg || exit 1; done
 
 # on a machine with a CUDA GPU (never in `make test`): the CUDA tests and the bench's pass costs on
 # SmolLM2-shaped targets; tests/gpu_check.sh says what it runs, results go to figures/gpu-check/

@@ -36,7 +36,7 @@ import torch
 from IPython.display import Markdown
 
 import specrepro as sr
-from specrepro import experiments as ex
+from specrepro.experiments import notebook as ex
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="00_train_drafts", target=target, kinds=kinds,

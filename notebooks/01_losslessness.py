@@ -11,9 +11,9 @@
 # %% [markdown]
 # # 01 · Losslessness of speculative sampling
 # Chen et al. 2023, Theorem 1: speculative sampling (p = draft, q = target) samples exactly from q.
-# Two tiny random `LlamaForCausalLM`s (`specrepro.toy.tiny_llama`: 6-token vocabulary, different seeds, LM
+# Two tiny random `LlamaForCausalLM`s (`specrepro.stats.toy.tiny_llama`: 6-token vocabulary, different seeds, LM
 # head scaled so that p and q are far apart) stand in for q and p, so the target's joint distribution of the
-# first tokens can be enumerated exactly (`specrepro.stats.exact_joint`). We draw many SpS samples per setting
+# first tokens can be enumerated exactly (`specrepro.stats.exact.exact_joint`). We draw many SpS samples per setting
 # and run a chi-square test against that exact distribution (`stats.chisquare_fit`: cells with expected
 # count < 5 pooled),
 # at a family-wise level alpha split over the settings (Bonferroni). A deliberately wrong sampler, which
@@ -42,13 +42,13 @@ import os
 from pathlib import Path
 
 from IPython.display import Image, Markdown
-from specrepro import experiments as ex, plots
+from specrepro.experiments import notebook as ex, plots
 from specrepro.sampling import SamplingConfig
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="01_losslessness", n_samples=n_samples, n_tokens=n_tokens,
                      vocab=vocab, alpha=alpha, settings=settings,
-                     models="specrepro.toy.tiny_llama x2 (hidden 16, 1 layer, logit_scale 12, no EOS), seeds target 0, draft 1")
+                     models="specrepro.stats.toy.tiny_llama x2 (hidden 16, 1 layer, logit_scale 12, no EOS), seeds target 0, draft 1")
 
 # %%
 rows = ex.run_losslessness(settings, Path(results_dir) / "losslessness.jsonl", n_samples=n_samples,

@@ -50,7 +50,7 @@ import torch
 from IPython.display import Image, Markdown
 
 import specrepro as sr
-from specrepro import experiments as ex, plots
+from specrepro.experiments import notebook as ex, plots
 
 os.chdir(ex.repo_root())
 meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,

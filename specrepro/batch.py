@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .lean import LeanRunner, mlp, rms_norm, rotate
+from .engines.lean import LeanRunner, mlp, rms_norm, rotate
 from .sampling import SamplingConfig, sample, uniforms
 from .speculative import Generation
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafts.base import Draft, as_draft
-from .runners import HFRunner, context_window, vocab_size
+from .engines.runners import HFRunner, context_window, vocab_size
 from .sampling import SamplingConfig, sample, uniforms
 from . import tree as tree_sampling
 
@@ -179,7 +179,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
     proposer: Draft | None = as_draft(draft) if draft is not None else None
     if tree is not None:
         tree_sampling.check_can_branch(proposer, tree)
-    if hasattr(target, "rollback"):  # already a runner (e.g. specrepro.lean.LeanRunner)
+    if hasattr(target, "rollback"):  # already a runner (e.g. specrepro.engines.lean.LeanRunner)
         runner = target
         runner.keep_hidden = runner.keep_hidden or _wants_hidden(proposer)
     else:

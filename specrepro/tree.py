@@ -399,7 +399,7 @@ def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, stops, 
 
     runner: the target runner with the prompt but its last token cached; hidden: speculative._HiddenStates
     or None. Each loop: draft a tree (no deeper than the tokens left), one target pass, accept, compact.
-    `propose`, `accept` and `draw_children` are looked up at call time: specrepro.wrong swaps in wrong rules.
+    `propose`, `accept` and `draw_children` are looked up at call time: specrepro.stats.wrong swaps in wrong rules.
     """
     new: list[int] = []
     while len(new) < max_new_tokens:

@@ -3,18 +3,19 @@
 #
 #   1. the CUDA tests of tests/test_devices.py (greedy parity of chain and tree SpS with HF generate on the
 #      HF and lean runners; the tree sampler's chi-square on a CUDA pair, with a wrong rule that must fail);
-#   2. python -m specrepro.bench on SmolLM2-shaped targets (135M, and the 1.7B shape) built with RANDOM
+#   2. specrepro-bench on SmolLM2-shaped targets (135M, and the 1.7B shape) built with RANDOM
 #      weights from the config and tokenizer in MODEL_DIR (default: the converted offline target), in
 #      bfloat16 on cuda: ms per token of our ArS and SpS (lean runner, and the HF runner where transformers
 #      is new enough) beside HF generate and assisted generation, and the cost of one target pass over 1..65 tokens (v(K), token-tree sizes).
 #      Random weights make acceptance and tau meaningless: read the pass costs and plain-decoding speed
-#      only; tau is a property of the weights and is measured on the CPU (python -m specrepro.tree_tau).
+#      only; tau is a property of the weights and is measured on the CPU (specrepro-tree-tau).
 #
 # OUT: where results go (default figures/gpu-check). SIZES: which shapes (default "135m 1.7b").
 set -uo pipefail
 OUT=${OUT:-figures/gpu-check}
 SIZES=${SIZES-135m 1.7b}
 PY=${PY:-python3}
+BIN=$(dirname "$PY")
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 MODEL_DIR=${MODEL_DIR:-$($PY -c 'import specrepro as sr; print(sr.specrepro_home() / "models" / "smollm2-135m-instruct")')}
@@ -63,7 +64,7 @@ for f in src.iterdir():
 print(f"{size}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M random parameters in {out}")
 EOF
   device=cuda; $PY -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' || device=cpu
-  $PY -m specrepro.bench --target "$dir" --draft lookup --ks ${KS:-1,2,4,8} --trees ${TREES:-3x4,4x5/32,6x6/64} \
+  $BIN/specrepro-bench --target "$dir" --draft lookup --ks ${KS:-1,2,4,8} --trees ${TREES:-3x4,4x5/32,6x6/64} \
       --prompts news --n-prompts ${N_PROMPTS:-2} --reps ${REPS:-2} --max-new-tokens ${NEW_TOKENS:-64} --modes greedy \
       --runners $runners --dtype bfloat16 --device $device --out "$OUT/bench-${size/./_}" 2>&1 \
       | grep -v -E "it/s\]|s/it\]" | tee "$OUT/bench-${size/./_}.log" || status=1

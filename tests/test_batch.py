@@ -6,9 +6,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import specrepro as sr
 from conftest import EOS, tiny_llama
 from specrepro.sampling import SamplingConfig
-from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.batch import BatchLeanRunner, batch_rejection_step, speculative_generate_batch
-from specrepro.lean import LeanRunner
+from specrepro.engines.lean import LeanRunner
 
 
 def llama(seed, layers=2):

@@ -9,9 +9,11 @@ import json
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specrepro import bench, speedup, workloads
+from specrepro.bench import harness as bench
+from specrepro.stats import speedup
+from specrepro.experiments import workloads
 from specrepro.drafts.lookup import LookupDraft
-from specrepro.speedup import loop_cost_bound
+from specrepro.stats.speedup import loop_cost_bound
 
 
 def tiny(seed, layers=2):
@@ -82,7 +84,7 @@ def test_profile_and_helpers():
     (["--n-prompts", "0"], "--n-prompts must be >= 1"), (["--reps", "-1"], "--reps must be >= 1"),
 ])
 def test_bad_cli_arguments_exit_with_a_message(argv, message, capsys):
-    from specrepro.bench import main
+    from specrepro.bench.harness import main
 
     with pytest.raises(SystemExit):
         main(argv)

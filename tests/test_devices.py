@@ -12,11 +12,11 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specrepro as sr
 from conftest import tiny_llama
-from specrepro import wrong
-from specrepro.lean import LeanRunner
-from specrepro.runners import HFRunner, input_device, is_dispatched, split_reason
+from specrepro.stats import wrong
+from specrepro.engines.lean import LeanRunner
+from specrepro.engines.runners import HFRunner, input_device, is_dispatched, split_reason
 from specrepro.sampling import SamplingConfig, sample
-from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 
 VOCAB = 5
 PROMPT = torch.tensor([0, 3])
@@ -191,7 +191,7 @@ def test_cpu_generator_drives_a_cuda_target(tiny_pair, runner):
 def test_bench_runs_a_split_target_on_the_hf_runner(models):
     """The bench on a split target: our loop on the HF runner (no lean runner can exist), HF generate and
     HF assisted generation with the same draft, all greedy and equal."""
-    from specrepro import bench
+    from specrepro.bench import harness as bench
 
     plain, split, draft, _ = models
     with pytest.raises(TypeError, match="split|offload"):

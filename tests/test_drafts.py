@@ -115,7 +115,7 @@ def test_bad_input_is_rejected(real, tmp_path):
         train("small", target=model, tokenizer=tokenizer, budget_minutes=-1)
     with pytest.raises(ValueError, match="unknown settings"):
         train("small", target=model, tokenizer=tokenizer, budget_minutes=1, hiden=3)
-    with pytest.raises(FileNotFoundError, match="python -m specrepro.drafts.train heads"):
+    with pytest.raises(FileNotFoundError, match="specrepro-drafts train heads"):
         load("heads", target=model, root=tmp_path)
 
 

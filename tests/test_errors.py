@@ -102,9 +102,9 @@ def test_mismatched_tokenizers():
 # --- every other public entry point: tasks, stats, drafts, sandbox, experiments ---------------------------
 
 def _bad_inputs():
-    from specrepro import experiments as ex
+    from specrepro.experiments import notebook as ex
     from specrepro.sampling import SamplingConfig
-    from specrepro.stats import exact_joint
+    from specrepro.stats.exact import exact_joint
     from specrepro.tasks.humaneval import load_humaneval, pass_at_k
     from specrepro.tasks.news import load_news
     from specrepro.tasks.sandbox import run_untrusted
@@ -156,7 +156,7 @@ def _bad_inputs():
 def _losslessness_with(lookahead):
     import tempfile
 
-    from specrepro import experiments as ex
+    from specrepro.experiments import notebook as ex
 
     with tempfile.TemporaryDirectory() as tmp:
         ex.run_losslessness([{"name": "x", "sampler": "sps", "lookahead": lookahead}], f"{tmp}/r.jsonl",
@@ -179,7 +179,7 @@ def test_public_functions_reject_bad_input(call, error, message):
     (["--profile", "smoke", "--set", "n_samples"], "--set expects NAME=VALUE"),
 ])
 def test_reproduce_cli_rejects_bad_input(argv, message, tmp_path):
-    from specrepro import reproduce
+    from specrepro.experiments import reproduce
 
     with pytest.raises(SystemExit, match=message):
         reproduce.main(argv + ["--output-root", str(tmp_path)])
@@ -187,7 +187,7 @@ def test_reproduce_cli_rejects_bad_input(argv, message, tmp_path):
 
 
 def test_params_file_typo_is_named_by_the_cli(tmp_path, monkeypatch):
-    from specrepro import reproduce
+    from specrepro.experiments import reproduce
 
     (tmp_path / "smoke.yaml").write_text("01_losslessness:\n  n_sampels: 5\n")
     monkeypatch.setattr(reproduce, "PARAMS_DIR", tmp_path)

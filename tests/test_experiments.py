@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from specrepro import experiments as ex
-from specrepro.results import ResultsFile, atomic_write_text, read_csv, write_csv, write_json
+from specrepro.experiments import notebook as ex
+from specrepro.experiments.results import ResultsFile, atomic_write_text, read_csv, write_csv, write_json
 from specrepro.sampling import SamplingConfig
-from specrepro.stats import chisquare_fit, exact_joint
+from specrepro.stats.exact import chisquare_fit, exact_joint
 
 
 def test_results_file_resumes_and_skips_finished_items(tmp_path):
@@ -107,7 +107,7 @@ def test_exact_joint_sums_to_one_and_matches_model():
 @torch.inference_mode()
 def test_toy_models_are_far_apart():
     # resampling from q at a rejection emits min(p, q) + (1 - sum min(p, q)) q: the chi-square can only
-    # see it where that is far from q, which needs p and q far apart (specrepro.toy's logit_scale)
+    # see it where that is far from q, which needs p and q far apart (specrepro.stats.toy's logit_scale)
     q_model, p_model = ex.toy_models()
     prompt = torch.tensor([[0, 3]])
     q, p = (torch.softmax(m(input_ids=prompt).logits[0, -1], -1) for m in (q_model, p_model))
@@ -171,7 +171,7 @@ def test_truncated_draft_is_a_valid_draft():
 
 def test_measure_costs_feeds_target_features_to_feature_drafts():
     from specrepro.drafts import FeatureDraft
-    from specrepro.toy import tiny_llama
+    from specrepro.stats.toy import tiny_llama
 
     target = tiny_llama(0, vocab=40, layers=2)
     costs = ex.measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],

@@ -83,7 +83,7 @@ def test_adaptive_lookahead_stops_when_unsure_and_stays_exact():
 
 
 def test_measure_cli_writes_the_drafts_table(tmp_path, smollm):
-    from specrepro.drafts import measure
+    from specrepro.experiments import measure_drafts as measure
 
     out = tmp_path / "fig" / "measure"
     rows = measure.main(["--drafts", "lookup", "--ks", "1,2", "--news", "1", "--code", "1", "--temps", "0",
@@ -101,7 +101,7 @@ def test_measure_cli_writes_the_drafts_table(tmp_path, smollm):
                                            (["--new-tokens", "0"], "--new-tokens"),
                                            (["--tree", "2by4"], "WIDTHxDEPTH")])
 def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
-    from specrepro.drafts import measure
+    from specrepro.experiments import measure_drafts as measure
 
     with pytest.raises(SystemExit):
         measure.main(argv)
@@ -110,7 +110,7 @@ def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
 
 def test_hybrid_draft_greedy_equals_ars_and_uses_both_proposers(smollm):
     from specrepro.drafts import HybridDraft
-    from specrepro.experiments import make_draft
+    from specrepro.experiments.notebook import make_draft
 
     model, tokenizer = smollm
     text = "def add(a, b):\n    return a + b\n\n\ndef add3(a, b, c):\n    return"

@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from specrepro import reproduce
-from specrepro.results import read_csv
+from specrepro.experiments import reproduce
+from specrepro.experiments.results import read_csv
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]  # minutes: every notebook, gpu settings
 

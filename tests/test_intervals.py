@@ -1,11 +1,11 @@
-"""Bootstrap CIs and paired tests (specrepro.intervals), and the Table 1 summary built on them."""
+"""Bootstrap CIs and paired tests (specrepro.stats.intervals), and the Table 1 summary built on them."""
 import math
 
 import numpy as np
 import pytest
 
-from specrepro import experiments as ex
-from specrepro.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
+from specrepro.experiments import notebook as ex
+from specrepro.stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 
 
 def test_mean_ci_covers_the_true_mean_about_95_percent_of_the_time():

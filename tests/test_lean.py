@@ -5,10 +5,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import specrepro as sr
 from specrepro.drafts import ModelDraft
-from specrepro import kernels
-from specrepro.kernels import unavailable_reason
-from specrepro.lean import LeanRunner, attend, causal_mask
-from specrepro.runners import HFRunner
+from specrepro.engines import kernels
+from specrepro.engines.kernels import unavailable_reason
+from specrepro.engines.lean import LeanRunner, attend, causal_mask
+from specrepro.engines.runners import HFRunner
 
 # a prompt fed in chunks, rolling back between some of them: (start, end) of each forward
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
@@ -131,7 +131,7 @@ def test_unavailable_backend_falls_back_to_eager_with_a_warning(monkeypatch):
 
 
 def test_failing_compile_falls_back_to_eager_with_a_warning(monkeypatch):
-    from specrepro import lean
+    from specrepro.engines import lean
 
     def broken(*args):
         raise RuntimeError("no C++ compiler")
@@ -246,7 +246,7 @@ def test_lean_matches_hf_on_real_target(smollm, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", ONEDNN])
 def test_greedy_sps_on_real_target_with_lean_runners(smollm, backend):
-    from specrepro.workloads import truncated_draft
+    from specrepro.experiments.workloads import truncated_draft
 
     model, tokenizer = smollm
     draft = truncated_draft(model, 4)

@@ -11,10 +11,10 @@ import torch
 from conftest import EOS, tiny_llama
 from specrepro import speculative_generate
 from specrepro import speculative as spec_module
-from specrepro import wrong as wrong_samplers
+from specrepro.stats import wrong as wrong_samplers
 from specrepro.drafts import FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
 from specrepro.sampling import SamplingConfig
-from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 
 L = 3  # tokens of the joint distribution
 N = 3000

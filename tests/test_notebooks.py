@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from specrepro import reproduce
-from specrepro.results import read_csv
+from specrepro.experiments import reproduce
+from specrepro.experiments.results import read_csv
 
 pytestmark = pytest.mark.notebooks
 

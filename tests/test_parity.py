@@ -5,7 +5,7 @@ import torch
 
 import specrepro as sr
 from conftest import EOS, tiny_llama
-from specrepro.runners import HFRunner
+from specrepro.engines.runners import HFRunner
 
 PROMPTS = [
     "What is the capital of France?",

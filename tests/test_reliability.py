@@ -1,6 +1,6 @@
 """Long runs lose nothing: kills, concurrent writers and damaged caches.
 
-- a SIGKILLed `python -m specrepro.reproduce` resumes to the same outputs as an uninterrupted run;
+- a SIGKILLed `python -m specrepro.experiments.reproduce` resumes to the same outputs as an uninterrupted run;
 - two processes appending to one results file, or rewriting one JSON/CSV, never corrupt it;
 - two processes converting the offline model cache convert it once;
 - a damaged model directory or cache is a clear error or is rebuilt, never loaded as garbage.
@@ -20,9 +20,9 @@ import torch
 
 import specrepro as sr
 import specrepro.models as models
-from specrepro import reproduce
+from specrepro.experiments import reproduce
 from conftest import tiny_llama
-from specrepro.results import ResultsFile, read_csv, write_csv, write_json
+from specrepro.experiments.results import ResultsFile, read_csv, write_csv, write_json
 from test_errors import _word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ SMALL = ["--set", "n_samples=80", "--set", "chunk=10"]  # 4 settings x 8 chunks 
 
 def _reproduce(output_root, **popen):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "agg"}
-    cmd = [sys.executable, "-m", "specrepro.reproduce", "--profile", "smoke", "--only", "01_losslessness",
+    cmd = [sys.executable, "-m", "specrepro.experiments.reproduce", "--profile", "smoke", "--only", "01_losslessness",
            "--output-root", str(output_root), *SMALL]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from specrepro import reproduce
-from specrepro.results import ResultsFile, ShardComplete, code_digest, parse_shard, read_csv, shard_of
+from specrepro.experiments import reproduce
+from specrepro.experiments.results import ResultsFile, ShardComplete, code_digest, parse_shard, read_csv, shard_of
 
 # columns measured in wall time (and their confidence intervals): they differ between any two runs
 TIMED = ("ms_per_token", "speedup", "total_seconds", "ms_per_loop", "p50_ms", "p90_ms", "p99_ms")

@@ -6,7 +6,7 @@ Three layers of evidence:
 2. end to end on the tiny-model harness of test_lossless.py: chi-square of the joint distribution of the
    first 3 tokens against the exact target, for widths 2-4, depths 1-4, temperatures 0.5/1/1.5, top-k,
    top-p, a node budget, EOS inside the tree, both runners, every draft kind;
-3. the wrong multi-candidate rules of specrepro.wrong are rejected by both harnesses (power).
+3. the wrong multi-candidate rules of specrepro.stats.wrong are rejected by both harnesses (power).
 Family-wise alpha 0.01, Bonferroni-corrected over every correct configuration below (one family).
 Plus: width 1 is the chain token for token, the tree mask and KV compaction against fresh forwards,
 greedy tree == greedy ArS == HF generate on the real target, bad input.
@@ -18,12 +18,12 @@ from scipy.stats import chisquare
 import specrepro as sr
 from conftest import EOS, tiny_llama
 from specrepro import tree as tree_module
-from specrepro import wrong
+from specrepro.stats import wrong
 from specrepro.drafts import Draft, HybridDraft, LookupDraft, ModelDraft
-from specrepro.lean import LeanRunner
-from specrepro.runners import HFRunner
+from specrepro.engines.lean import LeanRunner
+from specrepro.engines.runners import HFRunner
 from specrepro.sampling import SamplingConfig
-from specrepro.stats import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.tree import Tree, TreeSpec
 from test_lossless import DRAFTS, PROMPT, L
 
@@ -33,7 +33,7 @@ V_RULE = 6
 
 # (width, depth, temperature, top_k, top_p, max_nodes, eos, runner): each width with each depth and each
 # temperature at least once, EOS absorbing unless None; runner: target and draft run as HF models (hf) or
-# in specrepro.lean (lean), so both runners' tree passes and compaction are covered
+# in specrepro.engines.lean (lean), so both runners' tree passes and compaction are covered
 CONFIGS = [
     (2, 1, 1.0, None, None, None, EOS, "hf"),
     (2, 2, 0.5, None, None, None, EOS, "lean"),

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specrepro.tree_tau import summarise
+from specrepro.experiments.tree_tau import summarise
 
 
 def records(setting, per_item, nodes=1, draft="lookup", task="news", temperature=0.0):

@@ -3,11 +3,11 @@ import pytest
 import torch
 
 import specrepro as sr
-from specrepro import kernels, machine
-from specrepro import tuning as tune_mod
-from specrepro.lean import LeanRunner
-from specrepro.speedup import expected_tokens
-from specrepro.toy import tiny_llama
+from specrepro.engines import kernels, machine
+from specrepro.engines import tuning as tune_mod
+from specrepro.engines.lean import LeanRunner
+from specrepro.stats.speedup import expected_tokens
+from specrepro.stats.toy import tiny_llama
 
 
 def llama(seed, layers=2):

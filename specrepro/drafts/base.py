@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runners import HFRunner, context_window, vocab_size
+from ..engines.runners import HFRunner, context_window, vocab_size
 from ..sampling import SamplingConfig, sample
 
 
@@ -70,7 +70,7 @@ class ModelDraft(Draft):
         if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] or None, got {confidence_threshold!r}")
         self.confidence_threshold = confidence_threshold
-        if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.lean.LeanRunner
+        if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.engines.lean.LeanRunner
             self.runner = model
             self.model = getattr(model, "model", None)
             self.vocab_size = getattr(model, "vocab_size", None) or vocab_size(model.model)

@@ -15,8 +15,8 @@ from torch import nn
 from .base import Draft, common_prefix_length
 from .common import expand_logits, reduced_soft_targets, soft_ce
 from .layers import DecoderLayer, KVCache, RMSNorm
-from ..kernels import inference_linear
-from ..runners import context_window, vocab_size
+from ..engines.kernels import inference_linear
+from ..engines.runners import context_window, vocab_size
 from ..sampling import sample
 
 DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
@@ -46,7 +46,7 @@ class FrozenTargetParts:
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         """Logits over the kept vocabulary (apply expand_logits for the full one). The head is most of a
-        draft step: when drafting it runs prepacked (specrepro.kernels.inference_linear)."""
+        draft step: when drafting it runs prepacked (specrepro.engines.kernels.inference_linear)."""
         return inference_linear(self, f, self.head)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from .base import Draft
 from .common import expand_logits, reduced_soft_targets, soft_ce
 from .feature import FrozenTargetParts
-from ..runners import context_window, vocab_size
+from ..engines.runners import context_window, vocab_size
 from ..sampling import sample
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import inference_linear as lin
+from ..engines.kernels import inference_linear as lin
 
 
 class RMSNorm(nn.Module):

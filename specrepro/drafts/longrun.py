@@ -1,6 +1,6 @@
 """Long, resumable training of a shipped draft: more target-written data, a warm-up + cosine schedule.
 
-python -m specrepro.drafts.longrun --config artifacts/drafts/feature/config.json [--export DIR]
+specrepro-drafts longrun --config artifacts/drafts/feature/config.json [--export DIR]
     [--work DIR] [--stop-at HH:MM] [--data-minutes M] [--threads 1]
 
 1. the "text" target pass (distill.py, cached) plus `shards` shards of target-written continuations
@@ -263,7 +263,7 @@ def parse_stop_at(text: str | None) -> float | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specrepro.drafts.longrun", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specrepro-drafts longrun", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a config.json (e.g. artifacts/drafts/feature/config.json)")
     parser.add_argument("--export", default=None, help="artifact folder to write (default: the cache)")

@@ -4,7 +4,7 @@ The corpus is text the target itself wrote: news summarisation chat prompts (tra
 code prefixes, continued by the target, half greedily and half sampled at T=1 (distill.gen_data). The
 draft is the same small Llama as `small.py`; it trains on the continuation positions only, with the hard
 labels the target sampled, mixed 50/50 with the target's cached top-k distribution there (free, since
-the target pass over these sequences is cached anyway). `python -m specrepro.drafts.train seqkd`.
+the target pass over these sequences is cached anyway). `specrepro-drafts train seqkd`.
 """
 from __future__ import annotations
 

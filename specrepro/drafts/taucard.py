@@ -1,8 +1,8 @@
 """Tokens per target call (tau) of a shipped draft, with bootstrap 95% intervals over prompts.
 
-python -m specrepro.drafts.taucard --results RUN.jsonl --out artifacts/drafts/feature/tau_ci.json
+specrepro-drafts taucard --results RUN.jsonl --out artifacts/drafts/feature/tau_ci.json
 
-RUN.jsonl: the per-item records a `python -m specrepro.drafts.measure` run wrote (its --results file, one
+RUN.jsonl: the per-item records a `specrepro-drafts measure` run wrote (its --results file, one
 per draft and temperature). tau per (task, K) is total tokens / total target calls over the prompts, and its
 interval resamples prompts with replacement (percentile bootstrap, 10,000 resamples, fixed seed).
 """
@@ -36,7 +36,7 @@ def tau_with_ci(records: list[dict], resamples: int = 10_000, seed: int = 0) -> 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specrepro.drafts.taucard", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specrepro-drafts taucard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", required=True, nargs="+", help="measure's per-item jsonl file(s)")
     parser.add_argument("--out", required=True)

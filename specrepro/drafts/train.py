@@ -1,4 +1,4 @@
-"""CLI: python -m specrepro.drafts.train KIND --budget-minutes N [--seed S] [--out DIR] [--threads T]."""
+"""CLI: specrepro-drafts train KIND --budget-minutes N [--seed S] [--out DIR] [--threads T]."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from .trainer import KINDS, train
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specrepro.drafts.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specrepro-drafts train", description=__doc__)
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--budget-minutes", type=float, default=5.0, help="training wall time (data build excluded)")
     parser.add_argument("--max-steps", type=int, default=None)

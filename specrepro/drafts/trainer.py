@@ -25,7 +25,7 @@ from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
 from .lookup import LookupDraft, TruncatedDraft
 from ..models import load_model, specrepro_home
-from ..runners import context_window, vocab_size
+from ..engines.runners import context_window, vocab_size
 
 KINDS = ("small", "seqkd", "feature", "heads")
 VERSION = 2  # bump when a code change makes old artifacts and checkpoints incompatible
@@ -346,7 +346,7 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
         raise FileNotFoundError(
             f"no trained {kind!r} draft for target {name!r} under {root or specrepro_home() / 'drafts'} "
             f"and none shipped in {shipped.shipped_root()}; "
-            f"train one with: python -m specrepro.drafts.train {kind} --budget-minutes 5"
+            f"train one with: specrepro-drafts train {kind} --budget-minutes 5"
         )
     cfg = json.loads((path / "config.json").read_text())
     if cfg["kind"] != kind or cfg["target"] != name:
@@ -368,6 +368,6 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
         raise RuntimeError(
             f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
-            f"and train again: python -m specrepro.drafts.train {kind}"
+            f"and train again: specrepro-drafts train {kind}"
         ) from None
     return make_draft(kind, net, target)

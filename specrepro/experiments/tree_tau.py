@@ -1,6 +1,6 @@
 """Tokens per target call of token trees against chains (timing-free: tau needs no quiet machine).
 
-python -m specrepro.tree_tau [--drafts lookup] [--trees 2x4 3x6/16] [--ks 1-7] [--news 8] [--code 8]
+specrepro-tree-tau [--drafts lookup] [--trees 2x4 3x6/16] [--ks 1-7] [--news 8] [--code 8]
     [--temps 0 1] [--new-tokens 64] [--dtype float32] [--out figures/drafts/tree_tau]
 
 For each draft, task and temperature: tau = new tokens / target calls summed over the held-out prompts (news
@@ -18,12 +18,12 @@ from tqdm import tqdm
 
 from . import records as rec
 from . import workloads as wl
-from .intervals import ratio_ci, ratio_of_ratios_ci
-from .lean import LeanRunner, set_threads
-from .models import load_model
+from ..stats.intervals import ratio_ci, ratio_of_ratios_ci
+from ..engines.lean import LeanRunner, set_threads
+from ..models import load_model
 from .results import ResultsFile, markdown_table, machine_info
-from .speculative import speculative_generate
-from .tree import TreeSpec, parse_tree
+from ..speculative import speculative_generate
+from ..tree import TreeSpec, parse_tree
 
 COLUMNS = ["draft", "task", "temperature", "setting", "nodes", "tau", "tau_ci_low", "tau_ci_high", "vs_best_chain",
            "vs_best_chain_ci_low", "vs_best_chain_ci_high", "best_chain", "n_prompts", "tokens", "target_calls"]
@@ -83,7 +83,7 @@ def summarise(records: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="python -m specrepro.tree_tau", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specrepro-tree-tau", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafts", nargs="*", default=["lookup"], help="specs of experiments.make_draft")
     parser.add_argument("--trees", nargs="*", default=["2x4", "3x4", "4x6/24"], help="WIDTHxDEPTH[/NODES]")
@@ -98,7 +98,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--results", default="runs/tree_tau/records.jsonl")
     parser.add_argument("--out", default="figures/drafts/tree_tau")
     args = parser.parse_args(argv)
-    from .bench import parse_ks
+    from ..bench.harness import parse_ks
 
     try:
         ks, trees = parse_ks(args.ks), [parse_tree(t) for t in args.trees]

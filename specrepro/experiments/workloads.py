@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from .drafts.lookup import truncated_model
-from .tasks.humaneval import code_prompt, load_humaneval
-from .tasks.news import load_news, summarisation_prompt
+from ..drafts.lookup import truncated_model
+from ..drafts.spec import make_draft  # noqa: F401  (workloads.make_draft: the notebooks' name)
+from ..tasks.humaneval import code_prompt, load_humaneval
+from ..tasks.news import load_news, summarisation_prompt
 
 NEWS = [
     "The Reserve Bank has left interest rates unchanged for the third month in a row, saying inflation is "
@@ -80,34 +81,6 @@ def code_items(tokenizer, n: int, source: str = "offline") -> list[dict]:
 def eos_ids(tokenizer) -> list[int]:
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
-def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"):
-    """A draft from a short spec.
-
-    "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
-    modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
-    local model directory: a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling
-    back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
-    kind of specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
-    dtype: what a model draft computes in (default: the target model's); pass the tuned runner's dtype
-    (`compute_dtype(runner)`) so the draft runs as cheaply as the target does.
-    """
-    if dtype is None:
-        dtype = next(target.parameters()).dtype
-    if spec.startswith("lookup+"):
-        from .drafts import HybridDraft
-
-        return HybridDraft(make_draft(spec[len("lookup+"):], target, dtype, device))
-    if spec.startswith("truncated:"):
-        return truncated_model(target, int(spec.split(":", 1)[1]))
-    if spec.startswith("model:") or Path(spec).expanduser().is_dir():
-        from .models import load_model
-
-        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device)[0]
-    from . import drafts
-
-    return drafts.load(spec, target=target, dtype=dtype)
-
-
 def compute_dtype(runner) -> torch.dtype:
     """The dtype a target runner computes in: a LeanRunner's own, else its model's (an HFRunner, a model)."""
     dtype = getattr(runner, "dtype", None)
@@ -134,7 +107,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 def load_target(name_or_path: str, dtype: str = "auto", device="cpu", device_map=None, max_memory=None):
     """(model, tokenizer); dtype "auto" loads float32 weights and leaves the compute dtype to tuned_target.
     device_map / max_memory split a target too big for one device (sr.load_model, accelerate)."""
-    from .models import load_model
+    from ..models import load_model
 
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
@@ -148,7 +121,7 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
     backend and the given thread count; the summary (what won, why, the CPU, v(K) of the winner) goes
     into the notebooks' metadata.
     """
-    from .tuning import tune
+    from ..engines.tuning import tune
 
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")

@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 from .results import machine_info, write_csv, write_json
-from .speculative import autoregressive_generate, speculative_generate
+from ..speculative import autoregressive_generate, speculative_generate
 
 PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
 
 def repo_root() -> Path:
     """The checkout this package lives in (notebooks resolve their output paths against it)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 def check_params(given: dict, allowed) -> None:
     """Raise ValueError naming any parameter that the notebook does not define (a typo in a params file)."""

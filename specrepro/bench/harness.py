@@ -3,11 +3,11 @@
 Every configuration runs on the same prompts, target, draft and seeds; the order of configurations is
 rotated at every repetition so that noise from other work on the machine hits all of them alike. Reported:
 median ms/token and tokens/s, the median over (prompt, repetition) pairs of the ratio to our ArS, the
-acceptance rate a, tau, the measured cost ratios c and v(K) (specrepro.costs, the measurement the notebooks
+acceptance rate a, tau, the measured cost ratios c and v(K) (specrepro.engines.costs, the measurement the notebooks
 and tune use), and the Leviathan et al. prediction (1 - a^(K+1)) / ((1 - a)(K c + v(K))) beside the
 measured speedup; the CPU model and flags and a memory-floor probe with every result.
 
-    python -m specrepro.bench --draft truncated:4 --ks 1,2,3,4,5,6,7 --prompts news --n-prompts 2 \
+    specrepro-bench --draft truncated:4 --ks 1,2,3,4,5,6,7 --prompts news --n-prompts 2 \
         --max-new-tokens 32 --dtype float32 --device cpu --out figures/bench
 """
 from __future__ import annotations
@@ -19,18 +19,18 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .bench_report import config_name, format_table, headline, summarise, write_results
-from .costs import measure_cost_table
-from .drafts.base import ModelDraft
-from .drafts.lookup import LookupDraft
-from .lean import LeanRunner, is_llama_like, set_threads
+from .report import config_name, format_table, headline, summarise, write_results
+from ..engines.costs import measure_cost_table
+from ..drafts.base import ModelDraft
+from ..drafts.lookup import LookupDraft
+from ..engines.lean import LeanRunner, is_llama_like, set_threads
 from .profiling import profile_sps
-from .runners import HFRunner, input_device, split_reason
-from .machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
-from .speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
-from .tree import parse_tree
-from .tuning import tune
-from .workloads import builtin_prompts, load_draft, task_prompts
+from ..engines.runners import HFRunner, input_device, split_reason
+from ..engines.machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
+from ..speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
+from ..tree import parse_tree
+from ..engines.tuning import tune
+from ..experiments.workloads import builtin_prompts, load_draft, task_prompts
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5, trees=()) -> dict:
-    """specrepro.costs for every runner of the setup with its draft, interleaved: {runner: costs}; with
+    """specrepro.engines.costs for every runner of the setup with its draft, interleaved: {runner: costs}; with
     trees, also the pass over each tree's nodes + 1 (its v is keyed by the node count)."""
     pairs = {r: (runner, setup.drafts.get(r)) for r, runner in setup.targets.items()}
     return measure_cost_table(pairs, prefix, ks, reps, extra_sizes=[t.nodes + 1 for t in trees])
@@ -326,7 +326,7 @@ def parse_ks(text: str) -> list[int]:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="specrepro-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--draft", default="truncated:4", help="truncated:N, a model directory, or a drafts kind")
     ap.add_argument("--ks", default="1-7")
@@ -351,7 +351,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="figures/bench")
     args = ap.parse_args(argv)
 
-    from .models import load_model
+    from ..models import load_model
 
     try:
         ks = parse_ks(args.ks)

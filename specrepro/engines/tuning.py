@@ -5,7 +5,7 @@
 
 Candidates are (dtype, linear backend, torch threads[, torch.compile]) for the lean runner (an HF runner
 for models it cannot run). A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
-best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.costs, the same
+best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.engines.costs, the same
 measurement as the bench and the notebooks), and so is one draft step.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
 E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
@@ -34,9 +34,9 @@ import torch
 from .costs import from_json, measure_cost_table
 from .kernels import BACKENDS, unavailable_reason
 from .machine import cpu_info, describe_cpu
-from .models import specrepro_home
-from .results import write_json
-from .speedup import acceptance_mle, expected_tokens
+from ..models import specrepro_home
+from ..files import write_json
+from ..stats.speedup import acceptance_mle, expected_tokens
 
 TUNE_VERSION = 2  # bump when the measurement or the choice changes: old cache entries are then ignored
 DEFAULT_LOOKAHEAD = 4
@@ -147,7 +147,7 @@ def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead
                   max_new_tokens: int = 48) -> list[dict]:
     """The chain at `lookahead` and each tree on the prompt with the candidate's runner: tau measured, time
     per token expected from the measured pass costs: (levels * draft step + pass over the nodes) / tau."""
-    from .speculative import speculative_generate
+    from ..speculative import speculative_generate
 
     costs = from_json(costs)
     runner = build_runner(target, cand)
@@ -164,7 +164,7 @@ def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead
 
 
 def _check_trees(trees, draft, prompt) -> list:
-    from .tree import TreeSpec
+    from ..tree import TreeSpec
 
     trees = list(trees or ())
     for t in trees:
@@ -253,7 +253,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
                              f"best {', '.join(f'{score(n):.1f}' for n in ranked[:keep])} ms")
         proposer = None
         if draft is not None:
-            from .drafts.base import as_draft
+            from ..drafts.base import as_draft
 
             proposer = as_draft(draft)
         costs = {}
@@ -331,8 +331,8 @@ DEFAULT_ACCEPTANCE_FOR_RANKING = 0.5
 
 def estimate_acceptance(target, draft, prompt, cand: dict, lookahead: int, temperature: float,
                         max_new_tokens: int = 32) -> float:
-    """The censored MLE of a from one short SpS run (specrepro.speedup.acceptance_mle)."""
-    from .speculative import speculative_generate
+    """The censored MLE of a from one short SpS run (specrepro.stats.speedup.acceptance_mle)."""
+    from ..speculative import speculative_generate
 
     runner = build_runner(target, Candidate(**cand))
     gen = speculative_generate(runner, draft, prompt, max_new_tokens=max_new_tokens, lookahead=max(lookahead, 1),
@@ -416,7 +416,7 @@ def _vocab(model) -> int:
 
 
 def main(argv=None) -> dict:
-    """python -m specrepro.tuning [--target ID] [--draft SPEC] [--acceptance A] [--threads N ...] [--no-cache]
+    """specrepro-tune [--target ID] [--draft SPEC] [--acceptance A] [--threads N ...] [--no-cache]
 
     Measures (or reads from the cache) every candidate setting on this machine and prints, per setting, the
     one-token pass against the memory floor (weight bytes / copy bandwidth) and v(K) for K = 1, 2, 4, 8, 16.
@@ -424,10 +424,10 @@ def main(argv=None) -> dict:
     import argparse
 
     from .machine import copy_bandwidth, weight_bytes
-    from .models import load_model
-    from .workloads import make_draft
+    from ..models import load_model
+    from ..drafts.spec import make_draft
 
-    ap = argparse.ArgumentParser(prog="python -m specrepro.tuning", description=main.__doc__,
+    ap = argparse.ArgumentParser(prog="specrepro-tune", description=main.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--draft", default=None, help="a draft spec (lookup, small, feature, truncated:N, ...)")

@@ -63,14 +63,14 @@ class LeanRunner:
     dtype: the compute dtype (float32 default). If it differs from the model's, the weights are cast once
     (that is a copy); in the model's own dtype the runner holds views of the model's tensors.
     capacity: initial cache length in positions; the cache grows (a copy, rare) up to the context window.
-    backend: how the linear layers run (specrepro.kernels): "eager" (F.linear over the model's tensors) or
+    backend: how the linear layers run (specrepro.engines.kernels): "eager" (F.linear over the model's tensors) or
     "onednn" (q/k/v and gate/up fused, weights prepacked once for oneDNN: a copy). A backend this machine
     lacks falls back to eager with a warning. `specrepro.tune` measures which is faster here.
     compile: run the block through torch.compile(dynamic=True) (one compile of 10-25 s on a 2-core CPU,
     shapes vary in the block length and the cache length). Measured on the 2-core EPYC (1 thread), ms per
     forward of 1 / 2 / 5 / 8 tokens: float32 eager 47.7 / 84.5 / 85.1 / 84.3, compiled 57.3 / 73.8 /
     75.7 / 74.6; bfloat16 eager 29.2 / 27.3 / 33.4 / 34.7, compiled 48.1 / 36.8 / 30.7 / 33.5. It does not
-    help the one-token steps of ArS or bfloat16, so it is off by default; `python -m specrepro.bench
+    help the one-token steps of ArS or bfloat16, so it is off by default; `specrepro-bench
     --runners lean,compiled` measures it side by side on other machines. A compile that fails falls back
     to the eager block with a warning.
     """
@@ -94,7 +94,7 @@ class LeanRunner:
         reason = split_reason(model)
         if reason is not None:
             raise TypeError(f"LeanRunner needs every weight on one device, but {reason}: run this model with the HF "
-                            "runner (pass the model itself as target, or specrepro.runners.HFRunner(model))")
+                            "runner (pass the model itself as target, or specrepro.engines.runners.HFRunner(model))")
         check_backend(backend)
         if compile and backend != "eager":
             # measured with torch 2.13: inductor fails to lower mkldnn._linear_pointwise on a prepacked weight

@@ -1,7 +1,7 @@
 """The one cost measurement behind every speed number: c (a draft step / a one-token target pass) and
 v(K) (a target pass over K + 1 tokens / a one-token pass), as in Leviathan et al.'s speedup model.
 
-Used by the bench, the notebooks' sweeps, `python -m specrepro.drafts.measure` and `specrepro.tune`, so
+Used by the bench, the notebooks' sweeps, `specrepro-drafts measure` and `specrepro.tune`, so
 the c and v(K) in the README, the figures and tune's choice are one quantity measured one way:
 - the target (an HF model, or any runner: HFRunner, LeanRunner, a tuned setting's runner) first caches
   `prefix`; each timed pass then feeds n random token ids after it and is rolled back, for every
@@ -19,7 +19,7 @@ import time
 import torch
 
 from .runners import HFRunner
-from .sampling import SamplingConfig
+from ..sampling import SamplingConfig
 
 
 def as_runner(target, keep_hidden: bool = False):
@@ -50,7 +50,7 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}. extra_sizes: more pass sizes to time
     (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1.
     """
-    from .drafts.base import as_draft
+    from ..drafts.base import as_draft
 
     ks = [int(k) for k in ks if int(k) > 0] or [1]
     sizes = sorted(set(range(1, max(ks) + 2)) | {int(n) for n in extra_sizes if int(n) >= 1})

@@ -1,7 +1,7 @@
 """Paper-style figures, drawn from the saved CSV numbers alone (so `make figures` can redraw them).
 
 Each function reads `<out_dir>/<name>.csv` and writes `<name>.png` and `<name>.pdf` beside it.
-Run `python -m specrepro.plots DIR` to redraw every figure whose numbers are in DIR.
+Run `specrepro-plots DIR` to redraw every figure whose numbers are in DIR.
 """
 from __future__ import annotations
 
@@ -204,7 +204,17 @@ def replot(out_dir) -> list[str]:
     return done
 
 
-if __name__ == "__main__":
-    for d in sys.argv[1:] or ["figures"]:
+def main(argv=None) -> int:
+    """specrepro-plots [DIR ...]: redraw the figures of each results folder (default: figures)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="specrepro-plots", description=main.__doc__)
+    ap.add_argument("dirs", nargs="*", default=["figures"], help="results folders holding the figures' CSVs")
+    for d in ap.parse_args(argv).dirs:
         for p in replot(d):
             print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,17 +12,17 @@ from collections import Counter
 import torch
 from tqdm.auto import tqdm
 
-from . import wrong
+from ..stats import wrong
 from .records import generator
 from .results import ResultsFile
-from .sampling import SamplingConfig
-from .speculative import autoregressive_generate, speculative_generate
-from .stats import chisquare_fit, exact_joint, truncate_outcome
-from .toy import tiny_llama
-from .wrong import rejection_step_replaced
+from ..sampling import SamplingConfig
+from ..speculative import autoregressive_generate, speculative_generate
+from ..stats.exact import chisquare_fit, exact_joint, truncate_outcome
+from ..stats.toy import tiny_llama
+from ..stats.wrong import rejection_step_replaced
 
 def toy_models(target_seed: int = 0, draft_seed: int = 1, vocab: int = 6, logit_scale: float = 12.0):
-    """(q, p): two tiny random Llamas (specrepro.toy) without EOS, so every outcome has n_tokens tokens.
+    """(q, p): two tiny random Llamas (specrepro.stats.toy) without EOS, so every outcome has n_tokens tokens.
 
     `logit_scale` keeps their distributions far from uniform and from each other: the wrong sampler's
     output differs from q only where p and q differ.

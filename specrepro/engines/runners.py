@@ -135,7 +135,7 @@ def input_device(model: torch.nn.Module) -> torch.device:
 def context_window(model: torch.nn.Module) -> int | None:
     """The model's maximum number of positions, when its config (or a runner's context_window) says."""
     window = getattr(model, "context_window", None)
-    if isinstance(window, int) and window > 0:  # a runner such as specrepro.lean.LeanRunner
+    if isinstance(window, int) and window > 0:  # a runner such as specrepro.engines.lean.LeanRunner
         return window
     config = getattr(model, "config", None)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

@@ -1,6 +1,6 @@
 """Run the reproduction notebooks in order with papermill.
 
-    python -m specrepro.reproduce --profile cpu [--only NAME ...] [--figures-only] [--force] [--sync]
+    specrepro-reproduce --profile cpu [--only NAME ...] [--figures-only] [--force] [--sync]
                                   [--output-root DIR] [--set NAME=VALUE ...]
 
 Notebooks are jupytext percent files `notebooks/NN_name.py`; each run converts them to `.ipynb` (git-ignored)
@@ -14,7 +14,7 @@ artifacts_digest`), so a retrained or newly shipped draft recomputes it; and --f
 (figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
 every selected notebook (checked like the params file: a name the notebook does not define is an error).
 
-Across machines: `--shard I/N` runs share I of N of every notebook's items (see specrepro.results) into
+Across machines: `--shard I/N` runs share I of N of every notebook's items (see specrepro.experiments.results) into
 runs/<profile>/shards/I-of-N/ (or DIR/shards/I-of-N/ with --output-root DIR); once all N have finished, and
 their folders sit side by side, `--merge` combines their items and runs the notebooks once more, which then
 only summarise: the same CSV/JSON and figures a single run writes.
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from .drafts.trainer import KINDS, artifacts_digest
-from .experiments import PROFILES, check_params, repo_root
+from ..drafts.trainer import KINDS, artifacts_digest
+from .notebook import PROFILES, check_params, repo_root
 from .results import SHARD_ENV, ResultsFile, atomic_write_text, code_digest, parse_shard, write_json
 
 ROOT = repo_root()
@@ -278,7 +278,7 @@ def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=No
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="specrepro-reproduce", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=os.environ.get("PROFILE", "cpu"), help=f"one of {PROFILES} (default cpu)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks, e.g. 01_losslessness")
     ap.add_argument("--figures-only", action="store_true", help="redraw figures from the saved numbers, run nothing")

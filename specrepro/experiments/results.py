@@ -9,7 +9,7 @@ file never interleave their lines, and one never cuts a line that the other is s
 Final tables are written to a temporary file in the same directory and moved into place with os.replace,
 so readers see the old file or the new one, never half of one.
 
-Shards (`python -m specrepro.reproduce --shard i/n`): with $SPECREPRO_SHARD = "i/n" set, a ResultsFile
+Shards (`specrepro-reproduce --shard i/n`): with $SPECREPRO_SHARD = "i/n" set, a ResultsFile
 reports every item of another shard as present, so the experiments loop over their own share only; reading
 such an item raises ShardComplete (the summaries need every shard: `--merge` makes them). The share is a
 hash of the item's key without its method/K part, so ArS and SpS of one prompt, and every K of one prompt,
@@ -28,11 +28,12 @@ import math
 import os
 import platform
 import re
-import tempfile
 import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Iterable
+
+from ..files import _jsonable, atomic_write_text, write_json  # noqa: F401  (results.write_json: callers' name)
 
 
 SHARD_ENV = "SPECREPRO_SHARD"
@@ -76,7 +77,7 @@ class _ShardRecords(dict):
     def __missing__(self, key):
         if not self.mine(key):
             raise ShardComplete(f"item {key!r} belongs to another shard: this shard's items are done; "
-                                "run `python -m specrepro.reproduce --merge` once every shard has finished")
+                                "run `specrepro-reproduce --merge` once every shard has finished")
         raise KeyError(key)
 
 
@@ -180,32 +181,11 @@ def _ends_clean(f) -> bool:
 
 def code_digest() -> str:
     """A hash of the package's Python sources: results made by other code are never reused."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the whole specrepro package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` via a temporary file in the same directory and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=_jsonable) + "\n")
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
@@ -232,7 +212,7 @@ def machine_info() -> dict:
     """Where the numbers were measured: the CPU model and its kernel flags (avx2, avx512_bf16, amx...) too."""
     import torch
 
-    from .machine import cpu_info
+    from ..engines.machine import cpu_info
 
     cpu = cpu_info()
     return {
@@ -268,14 +248,6 @@ def _parse(text: str):
         except ValueError:
             pass
     return text
-
-
-def _jsonable(obj):
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None, digits: int = 4) -> str:

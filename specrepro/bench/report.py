@@ -9,7 +9,7 @@ import os
 import statistics
 from pathlib import Path
 
-from .speedup import acceptance_mle, loop_cost_bound, predicted_speedup
+from ..stats.speedup import acceptance_mle, loop_cost_bound, predicted_speedup
 
 
 def config_name(impl: str, runner: str, mode: str, k: int = 0, schedule: str = "") -> str:

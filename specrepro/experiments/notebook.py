@@ -1,9 +1,9 @@
 """The experiments behind the notebooks: the lookahead sweep (Figure 1), Table 1 and the drafts table;
-losslessness lives in specrepro.lossless, prompts and drafts in specrepro.workloads, run records in
-specrepro.records (all reachable from here, which is what the notebooks import).
+losslessness lives in specrepro.experiments.lossless, prompts and drafts in specrepro.experiments.workloads, run records in
+specrepro.experiments.records (all reachable from here, which is what the notebooks import).
 
 Notebooks only set parameters and call these functions. Every experiment is resumable: each finished
-item is appended to a JSON-lines results file (`specrepro.results.ResultsFile`) and skipped on a rerun;
+item is appended to a JSON-lines results file (`specrepro.experiments.results.ResultsFile`) and skipped on a rerun;
 summary tables are written atomically next to the figures.
 Notation as in the paper: p = draft, q = target.
 """
@@ -18,19 +18,19 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .costs import from_json, measure_costs
-from .intervals import mean_ci, paired_test, ratio_ci, speedup_ci
+from ..engines.costs import from_json, measure_costs
+from ..stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 from .lossless import joint_table, run_losslessness, toy_models  # noqa: F401  (the notebooks' entry points)
 from .records import (  # noqa: F401
     PROFILES, check_params, decode_ms_per_token, generate_item, generation_record, generator, per_token_latencies,
     repo_root, run_header, write_outputs,
 )
 from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
-from .speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
-from .speculative import stop_at_text
-from .tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
-from .tasks.news import rouge2
-from .tree import tree_specs
+from ..stats.speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
+from ..speculative import stop_at_text
+from ..tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
+from ..tasks.news import rouge2
+from ..tree import tree_specs
 from .workloads import (code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug,  # noqa: F401
                         tuned_target)
 

@@ -1,6 +1,6 @@
 """Measure drafts side by side: acceptance, tau at each K, c, v(K), measured and predicted speedup.
 
-python -m specrepro.drafts.measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
+specrepro-drafts measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
     [--temps 0 1] [--new-tokens 24] [--dtype bfloat16] [--threads 2] [--out figures/drafts/measure]
     [--tree 3x4 ...]   (each draft also verifies these token trees, timed and on the same prompts)
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .trainer import FREE_KINDS, KINDS
-from .. import experiments as ex
-from ..bench import parse_ks
-from ..lean import set_threads
+from ..drafts.trainer import FREE_KINDS, KINDS
+from . import notebook as ex
+from ..bench.harness import parse_ks
+from ..engines.lean import set_threads
 from ..tree import parse_tree
 
 COLUMNS = ["draft", "task", "temperature", "K", "tree", "a", "acceptance_rate", "tau", "c", "v", "speedup",
@@ -26,7 +26,7 @@ COLUMNS = ["draft", "task", "temperature", "K", "tree", "a", "acceptance_rate", 
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="python -m specrepro.drafts.measure", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specrepro-drafts measure", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafts", nargs="*", default=list(FREE_KINDS + KINDS),
                         help="kinds of specrepro.drafts.load, truncated:N or model:<id or dir>")
@@ -43,7 +43,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--out", default="figures/drafts/measure", help="writes <out>.csv and <out>.json")
     parser.add_argument("--tree", nargs="*", default=[], metavar="WIDTHxDEPTH",
                         help="also verify these token trees per target call (rows with the tree set; "
-                             "for tau alone, timing-free: python -m specrepro.tree_tau)")
+                             "for tau alone, timing-free: specrepro-tree-tau)")
     args = parser.parse_args(argv)
     try:
         ks = parse_ks(args.ks)

@@ -6,10 +6,10 @@ import time
 
 import torch
 
-from .drafts.base import ModelDraft
-from .runners import vocab_size
-from .sampling import SamplingConfig, sample
-from .speculative import rejection_step, speculative_generate
+from ..drafts.base import ModelDraft
+from ..engines.runners import vocab_size
+from ..sampling import SamplingConfig, sample
+from ..speculative import rejection_step, speculative_generate
 
 class _Timed:
     """A runner proxy that appends the wall time of each forward (and prefill) to times[key]."""
@@ -57,7 +57,7 @@ def profile_sps(target_runner, draft, prompt, k=4, max_new_tokens=32, temperatur
     (its forwards and its sampling). The verification's sampling and rejection are timed in isolation on
     the shapes one loop uses; the rest of the loop time is Python and bookkeeping.
     """
-    from .drafts.base import Draft
+    from ..drafts.base import Draft
 
     times = {"target_forward": [], "target_forward_prefill": []}
     propose_times: list[float] = []

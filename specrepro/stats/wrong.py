@@ -10,8 +10,8 @@ import contextlib
 
 import torch
 
-from . import speculative
-from .sampling import sample
+from .. import speculative
+from ..sampling import sample
 
 
 @contextlib.contextmanager
@@ -105,7 +105,7 @@ def _correct_after(draft_tokens, p, q, generator, invert):
 @contextlib.contextmanager
 def tree_rule_replaced(accept, draw_children=None):
     """Run tree speculative sampling with another acceptance rule (and optionally another child draw)."""
-    from . import tree
+    from .. import tree
 
     saved = tree.accept, tree.draw_children
     tree.accept = accept
@@ -192,7 +192,7 @@ def tree_fallback_to_q(tree, q, generator=None, greedy=False):
 @contextlib.contextmanager
 def draft_children_replaced(draft_children):
     """Grow trees with another tree.draft_children (the draft's children of a node with forced tokens)."""
-    from . import tree
+    from .. import tree
 
     saved = tree.draft_children
     tree.draft_children = draft_children
@@ -205,7 +205,7 @@ def draft_children_replaced(draft_children):
 def seeded_rows_keep_forced(probs, forced, m, greedy, generator=None):
     """Children drawn from the draft without the forced tokens, as they should be, but each row says the
     full draft distribution (forced tokens and earlier siblings still in it): x_i is not a draw from its row."""
-    from .tree import draw_children, without
+    from ..tree import draw_children, without
 
     rest = without(probs, forced)
     if rest is None or m <= 0:

@@ -1,0 +1,36 @@
+"""A draft from a short spec string, as the command-line tools and notebooks name them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .lookup import truncated_model
+
+
+def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"):
+    """A draft from a short spec.
+
+    "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
+    modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
+    local model directory: a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling
+    back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
+    kind of specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
+    dtype: what a model draft computes in (default: the target model's); pass the tuned runner's dtype
+    (`compute_dtype(runner)`) so the draft runs as cheaply as the target does.
+    """
+    if dtype is None:
+        dtype = next(target.parameters()).dtype
+    if spec.startswith("lookup+"):
+        from .hybrid import HybridDraft
+
+        return HybridDraft(make_draft(spec[len("lookup+"):], target, dtype, device))
+    if spec.startswith("truncated:"):
+        return truncated_model(target, int(spec.split(":", 1)[1]))
+    if spec.startswith("model:") or Path(spec).expanduser().is_dir():
+        from ..models import load_model
+
+        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device)[0]
+    from .trainer import load
+
+    return load(spec, target=target, dtype=dtype)
