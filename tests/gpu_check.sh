@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks, for a machine with a CUDA GPU (make gpu-check). Never part of `make test` or CI.
 #
-#   1. the CUDA tests of tests/test_devices.py (greedy parity of chain and tree SpS with HF generate on the
+#   1. the CUDA tests of tests/engines/test_devices.py (greedy parity of chain and tree SpS with HF generate on the
 #      HF and lean runners; the tree sampler's chi-square on a CUDA pair, with a wrong rule that must fail);
 #   2. specrepro-bench on SmolLM2-shaped targets (135M, and the 1.7B shape) built with RANDOM
 #      weights from the config and tokenizer in MODEL_DIR (default: the converted offline target), in
@@ -35,7 +35,7 @@ else
   echo "transformers is older than specrepro's 5.24: the HF runner's cases are left out"
   select="cuda and not hf"; runners=lean
 fi
-$PY -m pytest -q -p no:cacheprovider tests/test_devices.py -k "$select" -rs 2>&1 | tee "$OUT/pytest-cuda.log" || status=1
+$PY -m pytest -q -p no:cacheprovider tests/engines/test_devices.py -k "$select" -rs 2>&1 | tee "$OUT/pytest-cuda.log" || status=1
 
 for size in $SIZES; do
   dir=$(mktemp -d)/smollm2-$size-random

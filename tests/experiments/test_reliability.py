@@ -25,7 +25,7 @@ from conftest import tiny_llama
 from specrepro.experiments.results import ResultsFile, read_csv, write_csv, write_json
 from test_errors import _word_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORK = multiprocessing.get_context("fork")
 
 

@@ -18,7 +18,7 @@ from specrepro.tasks.humaneval import (
 )
 from specrepro.tasks.sandbox import run_tests, run_untrusted, sandbox_info
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 WRONG = "    return True\n"  # wrong for HumanEval/0: its second assert expects False
 CORRECT = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
 EXIT = "import os, sys\nsys.stdout.flush()\nos._exit(0)\n"  # ends the program before check can fail

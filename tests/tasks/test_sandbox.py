@@ -11,7 +11,7 @@ import pytest
 
 from specrepro.tasks.sandbox import run_untrusted, sandbox_info
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 IGNORED = {"__pycache__", ".pytest_cache", ".hypothesis", ".git"}
 
 
