@@ -116,11 +116,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-HARNESS = r'''
+HARNESS_BODY = r'''
 import faulthandler, json, os, socket, sys
 
 
@@ -156,35 +157,62 @@ def checked(ctypes, result, what):
 
 
 def make_private(private, sources):
-    """As root of a fresh user+mount namespace: private tmpfs dirs, hidden paths, then no capabilities.
+    """In a fresh user+mount namespace (with its capabilities): a new root that holds only the interpreter
+    and its libraries (read-only), a private /tmp, /dev/shm and /proc; then no capabilities, for good.
 
     Runs in a launcher process that then execs the real harness, so ctypes (raw memory access) is
     never loaded where the program runs."""
     ctypes, lib = libc()
-    rdonly, nosuid, nodev, remount, bind, rec = 1, 2, 4, 32, 4096, 16384
+    rdonly, nosuid, nodev, remount, bind, rec, detach = 1, 2, 4, 32, 4096, 16384, 2
 
     def mount(source, target, fstype, flags, data=None):
         checked(ctypes, lib.mount(source, target.encode(), fstype, flags, data), f"mount {target}")
 
+    def bind_read_only(source, target, writable=False):
+        if os.path.isdir(source):
+            os.makedirs(target, exist_ok=True)
+        else:
+            open(target, "a").close()
+        mount(source.encode(), target, None, bind | rec)
+        mount(None, target, None, remount | bind | nosuid | (0 if writable else rdonly | nodev))
+
+    root = "/tmp"  # a fresh tmpfs over the host's /tmp (only in this namespace) becomes the new root
+    mount(b"tmpfs", root, b"tmpfs", nosuid | nodev, b"mode=0755,size=1m,nr_inodes=1024")
+    for path in private["visible"]:
+        os.makedirs(os.path.dirname(root + path), exist_ok=True)
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), root + path)
+        else:
+            bind_read_only(path, root + path)
     size = f"size={private['tmp_bytes']},nr_inodes=4096".encode()
-    for path in ("/tmp", "/dev/shm", "/var/tmp", "/run/lock"):
-        if os.path.isdir(path):
-            mount(b"tmpfs", path, b"tmpfs", nosuid | nodev, b"mode=1777," + size)
-    for path in private["read_only"]:
-        mount(path.encode(), path, None, bind | rec)
-        mount(None, path, None, remount | bind | rdonly | nosuid | nodev)
-    for path in private["hide"]:
-        mount(b"tmpfs", path, b"tmpfs", nosuid | nodev | rdonly, b"mode=0555,size=4096")
+    for path in ("/tmp", "/dev", "/dev/shm"):
+        os.makedirs(root + path, exist_ok=True)
+        mount(b"tmpfs", root + path, b"tmpfs", nosuid | nodev * (path != "/dev"),
+              (b"mode=0755,size=65536" if path == "/dev" else b"mode=1777," + size))
+    for name in ("null", "zero", "full", "random", "urandom"):
+        bind_read_only("/dev/" + name, root + "/dev/" + name, writable=True)
+    os.makedirs(root + "/proc")
+    if private["hide_proc"]:
+        mount(b"tmpfs", root + "/proc", b"tmpfs", nosuid | nodev | rdonly, b"mode=0555,size=4096")
+    else:
+        mount(b"/proc", root + "/proc", None, bind | rec)  # the fresh /proc of its own pid namespace
     scratch = private["scratch"]
-    os.mkdir(scratch, 0o700)
-    os.chdir(scratch)
+    os.mkdir(root + scratch, 0o700)
     files = {}
     for name, text in sources.items():
         files[name] = os.path.join(scratch, f"{name}.py")
-        with open(files[name], "w", encoding="utf-8") as handle:
+        with open(root + files[name], "w", encoding="utf-8") as handle:
             handle.write(text)
-    if private["hide_proc"]:
-        mount(b"tmpfs", "/proc", b"tmpfs", nosuid | nodev | rdonly, b"mode=0555,size=4096")
+    os.chdir(root)
+    pivot_root = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(os.uname().machine)
+    if pivot_root is None:
+        raise OSError(f"no pivot_root syscall number known for {os.uname().machine}")
+    checked(ctypes, lib.syscall(pivot_root, b".", b"."), "pivot_root")  # the old root now lies over "/"
+    checked(ctypes, lib.umount2(b".", detach), "umount the old root")
+    os.chdir("/")
+    mount(None, "/", None, remount | bind | rdonly | nosuid | nodev)
+    socket.sethostname("sandbox")  # its own UTS namespace: the host's name is not its business
+    os.chdir(scratch)
     set_securebits, capbset_drop, no_new_privs = 28, 24, 38
     # noroot, no_setuid_fixup, keep_caps, no_cap_ambient_raise: each set and locked
     checked(ctypes, lib.prctl(set_securebits, 0xEF, 0, 0, 0), "securebits")
@@ -207,74 +235,35 @@ def make_private(private, sources):
 def run_program(path, source):
     sys.argv = [path]
     code = compile(source, path, "exec")
-    exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+    exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __import__("builtins")})
 
 
 def audit_hook():
-    """Refuse, for the rest of the process, the introspection that could reach the harness's token."""
-    realpath, fsdecode = os.path.realpath, os.fsdecode
+    """Refuse, for the rest of the process, introspection, raw memory and code not compiled from source.
+
+    Defence in depth only: no verdict depends on it (the judge is another process)."""
+    realpath, fsdecode, basename = os.path.realpath, os.fsdecode, os.path.basename
     refused = frozenset({"sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions",
-                         "sys.addaudithook", "code.__new__"})
+                         "sys.addaudithook", "code.__new__", "function.__new__", "marshal.load", "marshal.loads"})
+    raw_memory = ("ctypes", "_ctypes")
 
     def hook(event, args):
         if event == "sys._getframe":
-            raise ValueError("frame introspection is disabled while the tests run")
+            raise ValueError("frame introspection is disabled in this sandbox")
+        if event == "import":
+            # every dotted part and the file: an extension loaded under another name is still itself
+            name, path = str(args[0]), basename(fsdecode(args[1])) if isinstance(args[1], (str, bytes)) else ""
+            if any(part in raw_memory for part in name.split(".")) or path.startswith(raw_memory):
+                raise RuntimeError(f"import of {name} ({path or 'no file'}) is disabled in this sandbox")
         if (event in refused or event.startswith(("gc.", "ctypes.", "cpython."))
                 or (event == "object.__getattr__" and str(args[1]).endswith("_frame"))
-                or (event in ("object.__setattr__", "object.__delattr__") and args[1] == "__code__")
-                or (event == "import" and str(args[0]).split(".")[0] in ("ctypes", "_ctypes"))):
-            raise RuntimeError(f"{event} {args[0] if event == 'import' else ''} is disabled while the tests run")
+                or (event in ("object.__setattr__", "object.__delattr__") and args[1] == "__code__")):
+            raise RuntimeError(f"{event} is disabled in this sandbox")
         if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             path = realpath(fsdecode(args[0]))
             if path == "/proc" or path.startswith("/proc/"):
-                raise PermissionError(f"{path}: /proc is hidden while the tests run")
+                raise PermissionError(f"{path}: /proc is hidden in this sandbox")
     return hook
-
-
-def plain_data_guard(candidate):
-    """The candidate's results must be built from exact builtin types, so no __eq__ of its own can lie."""
-    plain = frozenset({bool, int, float, complex, str, bytes, type(None), list, tuple, dict, set, frozenset})
-    kind, ident, typeerror = type, id, TypeError
-
-    def check_value(value, seen):
-        if kind(value) not in plain:
-            raise typeerror(f"the candidate returned a {kind(value).__name__!r}: only builtin data counts")
-        if kind(value) in (list, tuple, set, frozenset, dict) and ident(value) not in seen:
-            seen.add(ident(value))
-            items = list(value.items()) if kind(value) is dict else value
-            for item in items:
-                check_value(item, seen)
-
-    def guarded(*args, **kwargs):
-        result = candidate(*args, **kwargs)
-        check_value(result, set())
-        return result
-    return guarded
-
-
-def trusted_namespace(helpers, test):
-    """Builtins and the test's imported modules as they were before the program ran, plus the helpers."""
-    import ast, builtins, types
-    clones = {}
-    for node in ast.walk(ast.parse(test)):
-        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                 else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-        for name in names:
-            module = __import__(name, fromlist=["_"])
-            clone = types.ModuleType(name)
-            clone.__dict__.update(module.__dict__)
-            clones[name] = clone
-    real_import = builtins.__import__
-
-    def test_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0 and name in clones and (fromlist or "." not in name):
-            return clones[name]
-        return real_import(name, globals, locals, fromlist, level)
-
-    safe_builtins = dict(builtins.__dict__, __import__=test_import)
-    namespace = {"__name__": "__main__", "__builtins__": safe_builtins}
-    exec(compile(helpers, "<helpers>", "exec"), namespace)
-    return namespace
 
 
 PREIMPORTS = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions",
@@ -282,54 +271,60 @@ PREIMPORTS = ("bisect", "collections", "copy", "dataclasses", "datetime", "decim
               "string", "traceback", "types", "typing")
 
 
-def run_tests(spec, path, sources):
-    """The program, then check(candidate); the token goes out only if check returned."""
-    read_fd, write_fd, exit_now, streams = os.read, os.write, os._exit, (sys.stdout, sys.stderr)
-    token = b""
-    while len(token) < spec["token_bytes"]:
-        chunk = read_fd(spec["key_fd"], spec["token_bytes"])
-        if not chunk:
-            break
-        token += chunk
-    os.close(spec["key_fd"])
-    verdict_fd = spec["verdict_fd"]
-    namespace = trusted_namespace(sources["helpers"], sources["test"])
-    exec(compile(sources["test"], "<test>", "exec"), namespace)
-    check = namespace["check"]
-    program = compile(sources["program"], path, "exec")
-    sys.argv = [path]
-    globals_ = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+def lock_down():
+    """Before the program: stdlib preloaded, later imports compiled from source, no processes, the hook."""
     for name in PREIMPORTS:  # some stdlib modules peek at frames while they load: load them before the hook
         __import__(name)
     import resource
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no processes or threads: none to read our memory
+    sys.dont_write_bytecode = True
+    sys.pycache_prefix = "/nonexistent-specrepro-pycache"  # later imports find no .pyc: compiled from source
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no processes or threads
     sys.addaudithook(audit_hook())
+
+
+def serve(spec, path, source):
+    """The program, then answer the judge's calls of the entry point, one frame per call, until EOF."""
+    requests, answers, limit = spec["requests_fd"], spec["answers_fd"], spec["frame_bytes"]
+    streams, exit_now, print_exception = (sys.stdout, sys.stderr), os._exit, __import__("traceback").print_exc
+    sys.argv = [path]
+    globals_ = {"__name__": "__main__", "__file__": path, "__builtins__": __import__("builtins")}
+    program = compile(source, path, "exec")
+    lock_down()
     exec(program, globals_)
-    candidate = namespace[spec["entry_point"]] = plain_data_guard(globals_[spec["entry_point"]])
-    check(candidate)
+    candidate = globals_[spec["entry_point"]]
+    while True:
+        message = recv_frame(requests, limit)
+        if message is None:
+            break
+        try:
+            reply = {"value": encode_value(candidate(*decode_value(message["args"]),
+                                                     **decode_value(message["kwargs"])))}
+        except BaseException as error:  # SystemExit too: the judge's call fails, the loop goes on
+            print_exception()
+            try:
+                reply = {"error": type(error).__name__, "message": str(error)[:500]}
+            except BaseException:
+                reply = {"error": "Exception", "message": "(unprintable)"}
+        send_frame(answers, reply)
     for stream in streams:
         try:
             stream.flush()
         except Exception:
             pass
-    write_fd(verdict_fd, token)
     exit_now(0)
 
 
 def main(spec):
     faulthandler.disable()
     sources = {name: read(path) for name, path in spec["files"].items()}
-    for name in ("test", "helpers"):
-        if name in spec["files"]:
-            os.remove(spec["files"][name])  # the program must not read the expected answers from disk
     if spec["private"]:
         files = make_private(spec["private"], sources)
         exe = sys.executable
         os.execv(exe, [exe, "-I", "-c", BOOT, HARNESS, json.dumps(dict(spec, files=files, private=None))])
     path = spec["files"]["program"]
     block_network()
-    if spec["mode"] == "tests":
-        run_tests(spec, path, sources)
+    if spec["mode"] == "serve":
+        serve(spec, path, sources["program"])
     else:
         run_program(path, sources["program"])
 
@@ -337,17 +332,142 @@ def main(spec):
 main(json.loads(sys.argv.pop(1)))
 '''
 
+# Values crossing between the sandbox and the judge: exact builtin data only, as tagged JSON.
+CODEC = r'''
+import json, os
+
+TAGS = {list: "l", tuple: "t", set: "s", frozenset: "fs"}
+KINDS = {tag: kind for kind, tag in TAGS.items()}
+
+
+def encode_value(value, depth=0):
+    kind = type(value)
+    if depth > 200:
+        raise ValueError("value nested too deeply (or cyclic)")
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return {"i": str(value)}
+    if kind is float:
+        return {"f": repr(value)}
+    if kind is complex:
+        return {"c": [repr(value.real), repr(value.imag)]}
+    if kind is bytes:
+        return {"b": value.hex()}
+    if kind in TAGS:
+        return {TAGS[kind]: [encode_value(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"d": [[encode_value(k, depth + 1), encode_value(v, depth + 1)] for k, v in value.items()]}
+    raise TypeError(f"only builtin data crosses the sandbox boundary, not a {kind.__name__!r}")
+
+
+def decode_value(data, depth=0):
+    if depth > 200:
+        raise ValueError("value nested too deeply")
+    if data is None or type(data) in (bool, str):
+        return data
+    if type(data) is not dict or len(data) != 1:
+        raise ValueError(f"not an encoded value: {str(data)[:80]}")
+    (tag, body), = data.items()
+    if tag == "i" and type(body) is str:
+        return int(body)
+    if tag == "f" and type(body) is str:
+        return float(body)
+    if tag == "c" and type(body) is list and len(body) == 2:
+        return complex(float(body[0]), float(body[1]))
+    if tag == "b" and type(body) is str:
+        return bytes.fromhex(body)
+    if tag in KINDS and type(body) is list:
+        return KINDS[tag](decode_value(item, depth + 1) for item in body)
+    if tag == "d" and type(body) is list:
+        return {decode_value(k, depth + 1): decode_value(v, depth + 1) for k, v in body}
+    raise ValueError(f"not an encoded value: {str(data)[:80]}")
+
+
+def read_exact(fd, size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def send_frame(fd, message):
+    body = json.dumps(message).encode()
+    data = len(body).to_bytes(4, "big") + body
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def recv_frame(fd, limit):
+    """One message, or None at end of file (the other side is gone)."""
+    header = read_exact(fd, 4)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big")
+    if size > limit:
+        raise ValueError(f"a frame of {size} bytes exceeds the limit of {limit}")
+    body = read_exact(fd, size)
+    return None if body is None else json.loads(body)
+'''
+
+# The judge: a separate, trusted process that runs the test's check() against a proxy whose calls are
+# answered by the sandbox. The verdict is the judge's; no secret and no test object is in the sandbox.
+JUDGE_BODY = r'''
+import builtins, sys
+
+
+def main():
+    spec = json.loads(sys.stdin.read())
+    to_sandbox, from_sandbox, limit = spec["to_sandbox"], spec["from_sandbox"], spec["frame_bytes"]
+
+    def candidate(*args, **kwargs):
+        send_frame(to_sandbox, {"args": encode_value(list(args)), "kwargs": encode_value(dict(kwargs))})
+        reply = recv_frame(from_sandbox, limit)
+        if reply is None:
+            raise RuntimeError("the sandboxed program ended before answering (it exited, crashed or was killed)")
+        if "error" in reply:
+            kind = getattr(builtins, str(reply["error"]), None)
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                kind = RuntimeError
+            raise kind(f"raised in the sandbox: {reply['error']}: {reply['message']}")
+        return decode_value(reply["value"])
+
+    candidate.__name__ = spec["entry_point"]
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    exec(compile(spec["helpers"], "<helpers>", "exec"), namespace)
+    exec(compile(spec["test"], "<test>", "exec"), namespace)
+    namespace[spec["entry_point"]] = candidate
+    namespace["check"](candidate)
+    sys.stdout.flush()
+    sys.stdout.write("\n" + spec["verdict"] + "\n")
+    sys.stdout.flush()
+
+
+main()
+'''
+JUDGE = CODEC + JUDGE_BODY
+HARNESS = CODEC + HARNESS_BODY
+
 # The harness runs in a dict of its own: nothing of it is left in __main__ for the program to find.
+# Its builtins are a copy, so a program that patches the builtins module does not reach the harness's.
 BOOT = ('import sys; exec(compile(sys.argv[1], "<sandbox>", "exec"), {"__name__": "__sandbox__", '
-        '"__builtins__": __builtins__, "BOOT": sys.orig_argv[sys.orig_argv.index("-c") + 1], '
+        '"__builtins__": dict(vars(__builtins__)), "BOOT": sys.orig_argv[sys.orig_argv.index("-c") + 1], '
         '"HARNESS": sys.argv.pop(1)})')
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 PROGRAM_NAME = "program.py"
-UNSHARE_FLAGS = ("--user", "--net", "--pid", "--fork", "--kill-child")
-PRIVATE_FLAGS = ("--map-root-user", "--mount", "--mount-proc")
-TOKEN_BYTES = 64  # hex characters of a 256-bit secret
-SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", "/run/lock")
+UNSHARE_FLAGS = ("--user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+# uid and gid 1000 inside, not root; --keep-caps leaves the launcher the namespace's capabilities for the
+# mounts, which it then drops for good before the program runs
+INSIDE_UID = 1000
+PRIVATE_FLAGS = (f"--map-user={INSIDE_UID}", f"--map-group={INSIDE_UID}", "--keep-caps", "--mount", "--mount-proc")
+MODE_VARIABLE = "SPECREPRO_SANDBOX"  # "strict": refuse to run untrusted code without namespaces
+FRAME_BYTES = 16 * 1024 * 1024  # largest encoded call or answer between judge and sandbox
+# The host paths a private root shows (read-only), those that exist; the interpreter's own are added.
+SYSTEM_VIEW = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache")
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock")  # each replaced by a fresh tmpfs (make_private)
 
 
@@ -375,8 +495,7 @@ class SandboxInfo:
     namespaces: bool
     unshare: str | None
     private_dirs: bool = False
-    hidden: tuple[str, ...] = ()
-    read_only: tuple[str, ...] = ()
+    visible: tuple[str, ...] = ()  # with private_dirs: all the program sees of the host, read-only
 
     @property
     def containment(self) -> str:
@@ -385,13 +504,26 @@ class SandboxInfo:
         if self.uid_drop:
             layers.append("fresh uid")
         if self.namespaces:
-            layers.append("user/net/pid namespaces")
+            layers.append("user/net/pid/ipc/uts namespaces (no network, private System V IPC)")
+        else:
+            layers.append("NO namespaces: network, System V IPC and every host process visible and reachable")
         if self.private_dirs:
-            layers.append("private /tmp and /dev/shm, hidden: " + (", ".join(self.hidden) or "none")
-                          + ("; read-only: " + ", ".join(self.read_only) if self.read_only else ""))
+            layers.append(f"uid {INSIDE_UID} inside; private root showing only {', '.join(self.visible)} "
+                          "(read-only), a fresh /tmp, /dev/shm and /proc")
         else:
             layers.append("shared filesystem (no mount namespace)")
         return "; ".join(layers)
+
+    @property
+    def level(self) -> str:
+        """``full`` (namespaces and private mounts), ``namespaces`` (no private mounts) or ``fallback``."""
+        return "full" if self.private_dirs else "namespaces" if self.namespaces else "fallback"
+
+    def record(self) -> dict:
+        """What a results file holding pass@k records about the isolation its verdicts ran under."""
+        return {"level": self.level, "containment": self.containment, "uid_drop": self.uid_drop,
+                "namespaces": self.namespaces, "private_dirs": self.private_dirs,
+                "verdict": "judge process (check() outside the sandbox; builtin data across a pipe)"}
 
     @property
     def nproc_enforced(self) -> bool:
@@ -467,69 +599,52 @@ def _interpreter_for(uid: int | None) -> str | None:
 
 
 def _interpreter_paths(interpreter: str, uid: int | None) -> list[str]:
-    """The directories the sandbox interpreter imports its standard library from."""
+    """The directories the interpreter runs from: its binary's, its standard library's and its libpython's."""
     try:
-        done = subprocess.run([interpreter, "-I", "-c", "import sysconfig; p = sysconfig.get_paths(); "
-                               "print(p['stdlib']); print(p['platstdlib'])"],
+        done = subprocess.run([interpreter, "-I", "-c", "import os, sys, sysconfig; p = sysconfig.get_paths(); "
+                               "print(p['stdlib']); print(p['platstdlib']); "
+                               "print(os.path.dirname(os.path.realpath(sys.executable))); "
+                               "print(sysconfig.get_config_var('LIBDIR') or '')"],
                               env={"PATH": SAFE_PATH}, cwd="/", timeout=20, capture_output=True, text=True,
                               preexec_fn=(lambda: _drop_to(uid)) if uid is not None else None)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [os.path.realpath(line) for line in done.stdout.split()]
+    return [os.path.realpath(line) for line in done.stdout.split() if os.path.isdir(line)]
 
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _private_paths(interpreter: str, uid: int | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(hidden, read_only): the project tree, the caller's cwd and HOME; read-only where the stdlib lives."""
-    project = Path(__file__).resolve().parents[2]
-    candidates = [project] if (project / "pyproject.toml").exists() else []
-    candidates += [Path.cwd(), Path.home()]
-    needed = _interpreter_paths(interpreter, uid)
-    hidden: list[str] = []
-    read_only: list[str] = []
-    for path in sorted({os.path.realpath(c) for c in candidates}, key=len):
-        if path == "/" or not os.path.isdir(path) or any(_within(path, h) for h in hidden):
+def _visible_paths(interpreter: str, uid: int | None) -> tuple[str, ...]:
+    """What the private root shows, read-only: /usr, the top-level library and binary directories (or the
+    links into /usr that stand for them), ld.so's cache, and wherever else the interpreter lives."""
+    candidates = [*SYSTEM_VIEW, *_interpreter_paths(interpreter, uid)]
+    visible: list[str] = []
+    for path in candidates:
+        if not os.path.lexists(path) or path in visible:
             continue
-        if any(_within(path, p) for p in PRIVATE_DIRS):
-            hidden.append(path)  # under a dir the sandbox replaces by a fresh tmpfs: absent there, no mount needed
+        if not os.path.islink(path) and any(_within(path, v) for v in visible if not os.path.islink(v)):
             continue
-        if any(_within(path, s) for s in SYSTEM_PATHS):
-            continue
-        if not any(_within(n, path) for n in needed):
-            hidden.append(path)  # mounted after the read-only binds, so this works inside one too
-        elif not any(_within(path, r) for r in read_only):
-            read_only.append(path)
-    return tuple(hidden), tuple(read_only)
+        visible.append(path)
+    return tuple(visible)
 
 
 def _harness(interpreter: str, spec: dict) -> list[str]:
     return [interpreter, "-I", "-c", BOOT, HARNESS, json.dumps(spec)]
 
 
-def _probe_private(interpreter: str, unshare: str, uid: int | None, hidden, read_only) -> bool:
+def _probe_private(interpreter: str, unshare: str, uid: int | None, visible) -> bool:
     with tempfile.TemporaryDirectory(prefix="specrepro-sandbox-", ignore_cleanup_errors=True) as scratch:
         program = _prepare_scratch(scratch, "import os\nopen('probe', 'w').write('x')\n", uid)
         spec = {"mode": "program", "files": {"program": program},
-                "private": _private_spec(scratch, hidden, read_only, 1 << 20, hide_proc=True)}
+                "private": _private_spec(scratch, visible, 1 << 20, hide_proc=True)}
         return _probe([unshare, *UNSHARE_FLAGS, *PRIVATE_FLAGS, *_harness(interpreter, spec)], uid)
 
 
-def _visible_interpreter(interpreter: str, hidden) -> str | None:
-    """The interpreter as a path the private namespace still shows: a venv's python inside a hidden tree
-    or under /tmp (e.g. a checkout in /tmp) is replaced by the binary it links to; None if that is hidden too."""
-    for path in (interpreter, os.path.realpath(interpreter)):
-        if not any(_within(path, h) for h in (*hidden, *PRIVATE_DIRS)):
-            return path
-    return None
-
-
-def _private_spec(scratch: str, hidden, read_only, tmp_bytes: int, hide_proc: bool) -> dict:
-    mounts = [h for h in hidden if not any(_within(h, p) for p in PRIVATE_DIRS)]
-    return {"scratch": "/tmp/" + os.path.basename(scratch), "hide": mounts, "read_only": list(read_only),
-            "tmp_bytes": tmp_bytes, "hide_proc": hide_proc}
+def _private_spec(scratch: str, visible, tmp_bytes: int, hide_proc: bool) -> dict:
+    return {"scratch": "/tmp/" + os.path.basename(scratch), "visible": list(visible), "tmp_bytes": tmp_bytes,
+            "hide_proc": hide_proc}
 
 
 @functools.lru_cache(maxsize=1)
@@ -544,13 +659,36 @@ def sandbox_info() -> SandboxInfo:
     namespaces = bool(unshare) and _probe([unshare, *UNSHARE_FLAGS, interpreter, "-I", "-c", "pass"], uid)
     if not namespaces:
         return SandboxInfo(interpreter, uid_drop, False, None)
-    hidden, read_only = _private_paths(interpreter, uid)
-    visible = _visible_interpreter(interpreter, hidden)
-    if visible is not None and visible != interpreter:
-        hidden, read_only = _private_paths(visible, uid)
-    if visible is None or not _probe_private(visible, unshare, uid, hidden, read_only):
+    # The interpreter by its real path: a venv's python is a link, and the private root shows no venv.
+    interpreter = os.path.realpath(interpreter)
+    visible = _visible_paths(interpreter, uid)
+    if any(_within(v, p) for v in visible for p in PRIVATE_DIRS) or not _probe_private(
+            interpreter, unshare, uid, visible):
         return SandboxInfo(interpreter, uid_drop, True, unshare)
-    return SandboxInfo(visible, uid_drop, True, unshare, True, hidden, read_only)
+    return SandboxInfo(interpreter, uid_drop, True, unshare, True, visible)
+
+
+class SandboxWarning(UserWarning):
+    """Untrusted code runs with less isolation than this sandbox is built for."""
+
+
+def _sandbox_mode() -> str:
+    mode = os.environ.get(MODE_VARIABLE, "")
+    if mode not in ("", "strict"):
+        raise ValueError(f"{MODE_VARIABLE} must be unset, empty or 'strict', got {mode!r}")
+    return mode
+
+
+def _require_isolation(info: SandboxInfo) -> None:
+    """Refuse the fallback under SPECREPRO_SANDBOX=strict; otherwise warn (once per place) that it is in use."""
+    if info.namespaces:
+        return
+    message = (f"running untrusted code WITHOUT user/net/pid/ipc namespaces ({info.containment}); "
+               f"set {MODE_VARIABLE}=strict to refuse instead")
+    if _sandbox_mode() == "strict":
+        raise RuntimeError(f"{MODE_VARIABLE}=strict: this machine offers no user namespaces "
+                           f"(unshare missing or refused), so untrusted code is not run")
+    warnings.warn(message, SandboxWarning, stacklevel=4)
 
 
 def _command(info: SandboxInfo, spec: dict) -> list[str]:
@@ -648,13 +786,15 @@ def _wait(proc: subprocess.Popen, reader: _CappedReader, timeout: float) -> bool
     return False
 
 
-def _status(timed_out: bool, returncode: int, verdict: bool | None) -> str:
-    """``verdict`` None: a plain program, judged by its exit status; else the harness's token arrived."""
+def _status(timed_out: bool, returncode: int, judged: bool | None, killed: bool = False) -> str:
+    """``judged`` None: a plain program, judged by its exit status; else whether the judge's check returned."""
     if timed_out:
         return "timed_out"
-    if returncode == 0 and verdict is not False:
+    if judged is None:
+        return "passed" if returncode == 0 else "killed" if returncode < 0 else "failed"
+    if judged:
         return "passed"
-    return "killed" if returncode < 0 else "failed"
+    return "killed" if killed else "failed"
 
 
 def _prepare_scratch(scratch: str, code: str, uid: int | None, name: str = PROGRAM_NAME) -> str:
@@ -679,57 +819,94 @@ def _check_arguments(code, timeout, memory_mb, max_output_bytes, max_file_bytes,
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+def _start_judge(tests: dict, timeout: float, memory_mb: int, fds: tuple[int, int],
+                 cwd: str) -> tuple[subprocess.Popen, str]:
+    """The trusted judge: the test's check() in its own interpreter, its candidate a proxy to the sandbox.
+
+    The test and helpers go in through stdin (no file, argv or environment a program could read)."""
+    verdict = "specrepro-judge-passed-" + secrets.token_hex(8)
+    limits = _rlimits(timeout, max(memory_mb, 512), 16 * 1024 * 1024, 1, uid_drop=True)
+    del limits[resource.RLIMIT_NPROC]
+    proc = subprocess.Popen([sys.executable, "-I", "-c", JUDGE], cwd=cwd, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, pass_fds=fds, close_fds=True,
+                            preexec_fn=_preexec(limits, None))
+    spec = dict(tests, to_sandbox=fds[0], from_sandbox=fds[1], frame_bytes=FRAME_BYTES, verdict=verdict)
+    try:
+        proc.stdin.write(json.dumps(spec).encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    return proc, verdict
+
+
 def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory_mb: int,
              max_output_bytes: int, max_file_bytes: int, max_processes: int) -> SandboxResult:
-    """Run the harness on ``sources``; ``tests`` (entry point) switches from exit-status to token verdicts."""
+    """Run the harness on ``sources``; with ``tests`` the judge's check() gives the verdict."""
     info = sandbox_info()
+    _require_isolation(info)
     uid = _fresh_uid() if info.uid_drop else None
     limits = _rlimits(timeout, memory_mb, max_file_bytes, max_processes, info.uid_drop)
     start = time.monotonic()
-    pipes: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="specrepro-sandbox-", ignore_cleanup_errors=True) as scratch:
+    with tempfile.TemporaryDirectory(prefix="specrepro-sandbox-", ignore_cleanup_errors=True) as scratch, \
+            tempfile.TemporaryDirectory(prefix="specrepro-judge-", ignore_cleanup_errors=True) as judge_dir:
         files = {name: _prepare_scratch(scratch, text, uid, f"{name}.py") for name, text in sources.items()}
-        spec = {"mode": "program" if tests is None else "tests", "files": files, "private": None}
+        spec = {"mode": "program" if tests is None else "serve", "files": files, "private": None}
         home = scratch
         if info.private_dirs:
-            spec["private"] = _private_spec(scratch, info.hidden, info.read_only,
-                                            max(4 * max_file_bytes, 1 << 20), hide_proc=tests is not None)
+            spec["private"] = _private_spec(scratch, info.visible, max(4 * max_file_bytes, 1 << 20),
+                                            hide_proc=tests is not None)
             home = spec["private"]["scratch"]
-        token = b""
+        sandbox_fds: tuple[int, ...] = ()
+        judge = None
         if tests is not None:
-            token = secrets.token_hex(TOKEN_BYTES // 2).encode()
-            key_read, key_write = os.pipe()
-            verdict_read, verdict_write = os.pipe()
-            pipes = [key_read, verdict_write]
-            os.write(key_write, token)  # 64 bytes: fits the pipe buffer, so this never blocks
-            os.close(key_write)
-            spec.update(tests, key_fd=key_read, verdict_fd=verdict_write, token_bytes=TOKEN_BYTES)
+            requests_read, requests_write = os.pipe()
+            answers_read, answers_write = os.pipe()
+            sandbox_fds = (requests_read, answers_write)
+            spec.update(entry_point=tests["entry_point"], requests_fd=requests_read, answers_fd=answers_write,
+                        frame_bytes=FRAME_BYTES)
         env = {"PATH": SAFE_PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
         try:
-            proc = subprocess.Popen(_command(info, spec), cwd=scratch, env=env, pass_fds=tuple(pipes),
+            proc = subprocess.Popen(_command(info, spec), cwd=scratch, env=env, pass_fds=sandbox_fds,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     preexec_fn=_preexec(limits, uid), close_fds=True)
+            if tests is not None:
+                judge, verdict = _start_judge(tests, timeout, memory_mb, (requests_write, answers_read), judge_dir)
         finally:
-            for fd in pipes:
+            for fd in sandbox_fds:
                 os.close(fd)
-        fds = [proc.stdout.fileno(), proc.stderr.fileno()] + ([verdict_read] if tests is not None else [])
+            if tests is not None:
+                os.close(requests_write)
+                os.close(answers_read)
+        fds = [proc.stdout.fileno(), proc.stderr.fileno()]
+        if judge is not None:
+            fds += [judge.stdout.fileno(), judge.stderr.fileno()]
         reader = _CappedReader(fds, max_output_bytes)
+        killed = False
         try:
-            timed_out = _wait(proc, reader, timeout)
+            timed_out = _wait(judge or proc, reader, timeout)
+            if judge is not None and _exited(proc.pid):
+                state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                killed = state is not None and state.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         finally:
             _kill_everything(proc, uid)
+            if judge is not None:
+                _kill_everything(judge, None)
         drain_until = time.monotonic() + 1.0
         while time.monotonic() < drain_until and reader.poll(0.05):
             pass
-        proc.stdout.close()
-        proc.stderr.close()
-        verdict = None
-        if tests is not None:
-            os.close(verdict_read)
-            verdict = secrets.compare_digest(reader.raw(2), token)
-    return SandboxResult(_status(timed_out, proc.returncode, verdict), proc.returncode,
-                         reader.text(0), reader.text(1), time.monotonic() - start)
+        for stream in (proc.stdout, proc.stderr) + ((judge.stdout, judge.stderr) if judge else ()):
+            stream.close()
+        judged = None
+        stderr = reader.text(1)
+        if judge is not None:
+            judged = judge.returncode == 0 and reader.raw(2).endswith(f"\n{verdict}\n".encode())
+            judge_err = reader.text(3)
+            if judge_err:
+                stderr += "\n[judge]\n" + judge_err
+    return SandboxResult(_status(timed_out, proc.returncode, judged, killed), proc.returncode,
+                         reader.text(0), stderr, time.monotonic() - start)
 
 
 def run_untrusted(code: str, timeout: float = 5.0, memory_mb: int = 512,
@@ -762,5 +939,5 @@ def run_tests(code: str, test: str, entry_point: str, helpers: str = "", timeout
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
     if "def check" not in test:
         raise ValueError("test must define check(candidate)")
-    return _execute({"program": code, "test": test, "helpers": helpers}, {"entry_point": entry_point},
+    return _execute({"program": code}, {"entry_point": entry_point, "test": test, "helpers": helpers},
                     timeout, memory_mb, max_output_bytes, max_file_bytes, max_processes)
