@@ -29,6 +29,7 @@ from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
 from ..stats.speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
 from ..speculative import stop_at_text
 from ..tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
+from ..tasks.sandbox import sandbox_info
 from ..tasks.news import rouge2
 from ..tree import tree_specs
 from .workloads import (code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug,  # noqa: F401
@@ -193,6 +194,7 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         else:
             completion = extract_completion(text, it["prompt"])
             extra["status"] = check_completion(it["problem"], completion, timeout=check_timeout).status
+            extra["sandbox"] = sandbox_info().level  # the isolation this verdict ran under (full/.../fallback)
             extra["similarity"] = code_similarity(completion, it["problem"].canonical_solution)
         results.append(generation_record(gen, key, **extra))
     # in key order, as every summary bootstraps (resumed runs and merged shards alike); in a shard, a foreign
@@ -289,6 +291,8 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
         _, lo, hi = mean_ci([pass_at_k(len(v), v.count("passed"), k_main) for v in by_item.values()])
         out.update(result_ci_low=lo, result_ci_high=hi)
     out.update(metric=f"pass@{k_main}", result=out.get(f"pass@{k_main}", float("nan")), samples_per_problem=n)
+    # the isolation the verdicts ran under; records written before it was recorded say "unrecorded"
+    out["sandbox"] = ", ".join(sorted({r.get("sandbox", "unrecorded") for r in records}))
     return out
 
 

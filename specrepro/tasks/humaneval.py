@@ -119,7 +119,7 @@ def extract_completion(text: str, prompt: str = "") -> str:
 def program_for(problem: HumanEvalProblem, completion: str) -> str:
     """The reference harness's single program (prompt, completion, tests, check call), for reading.
 
-    ``check_completion`` does not run it: it keeps the tests apart from the untrusted code.
+    ``check_completion`` does not run it: the tests run in another process than the untrusted code.
     """
     return f"{problem.prompt}{completion}\n{problem.test}\ncheck({problem.entry_point})\n"
 
@@ -127,11 +127,12 @@ def program_for(problem: HumanEvalProblem, completion: str) -> str:
 def check_completion(problem: HumanEvalProblem, completion: str, timeout: float = 5.0) -> SandboxResult:
     """Run the problem's tests against ``completion`` in the sandbox.
 
-    ``passed`` means the problem's ``check`` returned normally, as reported by the sandbox's harness
-    (``sandbox.run_tests``): exiting early, with any status, is ``failed``. The test sees the helpers
-    the prompt defines, not redefinitions in the completion, and the candidate's results must be
-    builtin data (a stricter rule than the reference harness: an object whose ``__eq__`` always says
-    True does not pass).
+    ``passed`` means the problem's ``check`` returned normally in a trusted judge process outside the
+    sandbox, which calls the completed function in the sandbox with builtin data both ways
+    (``sandbox.run_tests``): nothing the completion does inside the sandbox -- exiting, patching modules,
+    reading memory -- reaches the test. The test sees the helpers the prompt defines, not redefinitions in
+    the completion, and the candidate's results must be builtin data (a stricter rule than the reference
+    harness: an object whose ``__eq__`` always says True does not pass).
     """
     return run_tests(problem.prompt + completion, problem.test, problem.entry_point,
                      helpers=_helpers(problem.prompt), timeout=timeout)

@@ -11,50 +11,57 @@ Verdicts (``run_tests``; HumanEval uses it)
 -------------------------------------------
 ``run_untrusted`` judges a plain program by its exit status, which the
 program controls (``sys.exit(0)``, ``os._exit(0)``): fine for "did it run",
-useless as a verdict. ``run_tests`` passes only when the trusted test's
-``check(candidate)`` returned normally:
+useless as a verdict. ``run_tests`` takes the verdict out of the untrusted
+interpreter altogether:
 
-* The parent writes a fresh 256-bit token into a pipe and closes its end;
-  the harness reads it and closes that fd before any untrusted code runs,
-  so the token is in no fd, file, argv or environment the program sees.
-  After ``check`` returns, the harness writes the token to a second pipe
-  and calls ``os._exit(0)``. The parent says ``passed`` only if that pipe
-  holds exactly the token and the exit status is 0. Exiting early with any
-  status, raising ``SystemExit`` anywhere, dying by a signal, or writing
-  anything (a fake verdict, junk, a guessed token) to any fd gives
-  ``failed``/``killed``/``timed_out``; junk on the verdict pipe fails even a
-  correct solution (fail closed).
-* Before the program runs, the harness installs a PEP 578 audit hook,
-  which cannot be removed from Python, refusing for the rest of the process
-  the routes from the program to the harness's frame (and so to the token):
-  ``sys._getframe``, ``sys._current_frames``, traceback/generator
-  ``*_frame`` attributes, ``sys.settrace``/``setprofile``, ``gc``
-  introspection, importing ``ctypes`` (never loaded in this process: the
-  mount set-up that needs it runs in a launcher that then execs the
-  harness), new code objects, setting ``__code__``, new audit hooks and
-  opening anything under /proc (with the mount namespace /proc is also an
-  empty read-only tmpfs). RLIMIT_NPROC 0 stops it from starting processes
-  or threads, so no child can read or ptrace the harness (the reference
-  harness disables ``fork`` and ``Popen`` too). Stdlib modules that peek at
-  frames while loading (``types``, ``collections``...) are imported first.
-* The test runs in its own namespace, with the builtins and the modules it
-  imports as they were before the program ran, and with the helpers of the
-  trusted prompt (not the program's redefinitions); the test and prompt
-  files are deleted before the program runs. The candidate's results must
-  be built from exact builtin types, so an object whose ``__eq__`` always
-  says True fails.
+* A separate, trusted judge process (``JUDGE``: ``python -I``, its own
+  session and rlimits, outside the sandbox) receives the test and the
+  trusted helpers (the HumanEval prompt) on its stdin, runs them and calls
+  ``check(candidate)``. Its ``candidate`` is a proxy: each call sends the
+  arguments down a pipe to the sandbox, whose harness calls the program's
+  entry point and sends back the return value, or the name of the
+  exception it raised. ``passed`` means the judge's ``check`` returned
+  (exit status 0 and its own nonce as the last line of its stdout); the
+  sandbox's exit status, output and fds count for nothing.
+* Only exact builtin data crosses the pipe (None, bool, int, float, complex,
+  str, bytes, list, tuple, set, frozenset, dict; tagged JSON, 16 MB a
+  frame): an object with a lying ``__eq__`` cannot be sent, and the judge
+  compares plain values it decoded itself.
+* So the sandboxed interpreter holds no secret, no test, no expected value
+  and no module the test uses: taking full control of it (a code object
+  built from ``marshal``, raw memory through ``_ctypes``, patching
+  ``random``) gains the adversary only what a candidate already has --
+  choosing the values it returns. ``tests/tasks/test_forgery.py`` runs
+  such an adversary with the audit hook removed: wrong values fail.
+* Semantics this costs against the reference harness: the candidate gets
+  copies of its arguments (a mutation is not seen by the test), its results
+  must be builtin data, an exception in the candidate reaches the test as
+  the builtin exception of the same name (else ``RuntimeError``), and a
+  test that passes a function or other object to the candidate fails. All
+  164 HumanEval canonical solutions pass (the slow test).
+* Defence in depth (no verdict depends on it): before the program runs,
+  the harness preloads the stdlib modules that peek at frames while
+  loading, points ``sys.pycache_prefix`` at nothing (later imports compile
+  from source, no ``.pyc`` is read), sets RLIMIT_NPROC 0 (no processes or
+  threads) and installs a PEP 578 audit hook that refuses frame and ``gc``
+  introspection, tracing, ``marshal.load(s)``, code and function
+  construction (``code.__new__``, ``code.replace``, ``function.__new__``),
+  ``ctypes``/``_ctypes`` under any dotted part of a module name or as the
+  file of an extension module, and opening anything under /proc. The
+  harness's own builtins are a copy, so a program that patches
+  ``builtins`` breaks only itself.
 
-What an adversary in the same interpreter can still do: anything that gets
-past the audit hook -- a CPython memory-safety bug, a route to a frame or to
-raw memory that the hook does not cover (audit hooks are documented as not
-a security boundary), or, without the mount namespace, a race that swaps a
-symlink to /proc/self/mem between the hook's check and the open. With the
-token in hand it can forge a pass (the tests show such a forger passing
-once the hook is removed). It can also answer from memory what the test
-expects. Only running ``check`` in a separate process would close this, at
-the cost of HumanEval's semantics (the test shares objects with the
-candidate). Running as root without ``uid_drop``, RLIMIT_NPROC does not
-apply, so the program can spawn a child that reads the harness's memory.
+What an adversary inside the interpreter can still do: answer from memory
+what HumanEval's tests expect (the problems are public); use the full
+power of the sandboxed process -- its CPU time, memory, files and output
+up to the limits below -- including everything the audit hook is known
+not to stop (audit hooks are not a security boundary: a CPython memory
+bug, or ctypes-like access through some other extension, gives raw
+memory); read whatever the filesystem view shows (system files under
+/usr, readable by anyone on the host); and, on a machine without
+namespaces, everything listed under "Not contained". None of these
+changes a verdict: the values the judge compares are only the ones the
+program chose to return.
 
 Containment, layer by layer (``sandbox_info()`` says which layers this machine has)
 -------------------------------------------------------------------------------------
@@ -66,39 +73,55 @@ Containment, layer by layer (``sandbox_info()`` says which layers this machine h
   ``faulthandler`` off. The socket patch is a speed bump only (``_socket``
   is still importable); the OS limits are the defence.
 * Running as root with an interpreter an unprivileged user can execute
-  (``uid_drop``): the program runs as a fresh random uid. Then
+  (``uid_drop``): the program runs as a fresh random host uid. Then
   RLIMIT_NPROC caps its process count (as root that limit is ignored by
-  the kernel), it cannot write anywhere its uid has no permission
-  (e.g. the project tree or a root-owned tmp dir), and after the run every
-  process of that uid is killed, including ones that escaped the process
-  group with ``setsid``/double fork. If ``sys.executable`` sits somewhere
-  the uid cannot read (e.g. under /root), a system ``python3`` is used.
-* ``unshare`` usable (``namespaces``): the program runs in new user, net
-  and pid namespaces. The net namespace has no interfaces up, so any
-  connection fails at once; when the program (pid 1 there) exits, the
-  kernel kills every process left in its pid namespace.
-* A mount namespace usable too (``private_dirs``): the harness, as root of
-  the new user namespace, mounts fresh tmpfs over /tmp, /dev/shm, /var/tmp
-  and /run/lock (so whatever the program leaves there vanishes with it),
-  an empty read-only tmpfs over the project tree, the caller's cwd and
-  HOME (``hidden``; one under /tmp is simply absent under the fresh tmpfs;
-  one holding the interpreter's standard library is
-  bound read-only instead, ``read_only``), a fresh /proc showing only its
-  own processes, then drops every capability (bounding set, securebits
-  locked, no_new_privs), so it cannot unmount any of it. Packages
-  installed inside a hidden tree (e.g. a venv in the project) cannot be
-  imported by the program; the standard library can.
+  the kernel), it cannot write anywhere its uid has no permission, and
+  after the run every process of that uid is killed, including ones that
+  escaped the process group with ``setsid``/double fork. If
+  ``sys.executable`` sits somewhere the uid cannot read (e.g. under
+  /root), a system ``python3`` is used.
+* ``unshare`` usable (``namespaces``): new user, net, pid, IPC and UTS
+  namespaces. The net namespace has no interfaces up, so any connection
+  fails at once; System V shared memory, semaphores and message queues
+  are private and destroyed with the namespace (no host segment can be
+  opened, none outlives the run); when the program (pid 1 there) exits,
+  the kernel kills every process left in its pid namespace.
+* A mount namespace usable too (``private_dirs``, ``level == "full"``): the
+  launcher runs as uid 1000 of the new user namespace (never root there:
+  ``os.setuid(0)`` fails with EINVAL) with the namespace's capabilities
+  kept for the set-up (``unshare --keep-caps``), builds a new root on a
+  tmpfs holding read-only binds of only ``visible`` -- /usr, the top-level
+  /bin, /sbin, /lib* (or their links into /usr), /etc/ld.so.cache, and the
+  interpreter's own directories when they lie elsewhere -- plus a fresh
+  size-limited /tmp and /dev/shm, /dev/null, zero, full, random and
+  urandom, and /proc of its own pid namespace (an empty tmpfs while tests
+  run); ``pivot_root``\s into it and detaches the old root, remounts the
+  root read-only, sets the hostname to ``sandbox``, then drops every
+  capability (bounding set, securebits locked, no_new_privs), so none of
+  it can be undone. The project, HOME, other checkouts, /etc, /opt, /work
+  and the rest of the host are simply absent; packages outside the
+  interpreter's standard library cannot be imported.
+* Without namespaces (``level == "fallback"``) every run warns
+  (``SandboxWarning``) and ``SPECREPRO_SANDBOX=strict`` makes
+  ``run_untrusted``/``run_tests`` raise instead. ``SandboxInfo.containment``
+  names the layers in force and ``record()`` gives what results files
+  store; Table 1's records and pass@k rows carry the level.
 
-Not contained: reading any file its uid may read outside the hidden
-paths; without ``private_dirs``, writing to world-writable places such as
-/tmp or /dev/shm (files it leaves there survive the run, each capped by
-RLIMIT_FSIZE); without ``uid_drop``, writing to any path the parent user
-may write when it knows the absolute path; without ``uid_drop`` a fork bomb
-is limited only by RLIMIT_NPROC, which counts *all* processes of the user
-(so it is set relative to the current count) and does not apply to root at
-all -- then only the timeout and the final kill bound it; without
+Not contained: without ``private_dirs``, reading any file its uid may read
+and writing to world-writable places such as /tmp or /dev/shm (files it
+leaves there survive the run, each capped by RLIMIT_FSIZE); without
+``namespaces``, the network (a 127.0.0.1 listener is reachable: the
+socket patch is bypassable), System V IPC (segments outlive the run and
+count against host RAM, not RLIMIT_AS) and every host process's command
+line under /proc; without ``uid_drop``, writing to any path the parent
+user may write when it knows the absolute path, and a fork bomb limited
+only by RLIMIT_NPROC, which counts *all* processes of the user (so it is
+set relative to the current count) and does not apply to root at all --
+then only the timeout and the final kill bound it; without
 ``namespaces`` and without ``uid_drop``, a ``setsid`` escapee survives the
-kill; no syscall (seccomp) or CPU-share isolation.
+kill. No seccomp filter (the syscalls of the kernel are all reachable,
+within the namespaces' and the dropped capabilities' limits) and no
+CPU-share isolation.
 """
 
 from __future__ import annotations
@@ -925,11 +948,11 @@ def run_untrusted(code: str, timeout: float = 5.0, memory_mb: int = 512,
 def run_tests(code: str, test: str, entry_point: str, helpers: str = "", timeout: float = 5.0,
               memory_mb: int = 512, max_output_bytes: int = 64_000,
               max_file_bytes: int = 16 * 1024 * 1024, max_processes: int = 32) -> SandboxResult:
-    """Run ``code``, then the trusted ``test``'s ``check(code's entry_point)``: ``passed`` only if check returned.
+    """``passed`` only if the trusted ``test``'s ``check`` returned, run by a judge process outside the sandbox
+    whose candidate calls ``code``'s ``entry_point`` in the sandbox, with builtin data both ways.
 
-    ``helpers`` is trusted source (a HumanEval prompt) run before ``code``: the test sees its
-    definitions, never ones the untrusted code redefines. See the module docstring for the verdict
-    channel and what it does not stop.
+    ``helpers`` is trusted source (a HumanEval prompt) the judge runs before ``test``: the test sees its
+    definitions, never the code's. See the module docstring for what this costs and what it stops.
     """
     _check_arguments(code, timeout, memory_mb, max_output_bytes, max_file_bytes, max_processes)
     for name, value in (("test", test), ("helpers", helpers)):

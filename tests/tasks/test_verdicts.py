@@ -139,7 +139,8 @@ def test_patched_builtins_fool_only_the_single_program_harness():
     assert check_completion(truncate, fake).status == "failed"
 
 
-# Harness-aware forgers: they find the token and the verdict fd in the harness's frame and send them.
+# Harness-aware forgers: they look for a token and a verdict fd in the harness's frames. There are none: the
+# verdict is the judge's (tests/tasks/test_forgery.py tries a forger in full control of the sandbox).
 FORGERS = {
     "sys._getframe": "    import os, sys\n    frame = sys._getframe()\n",
     "a traceback": "    import os\n    try:\n        1 / 0\n    except ZeroDivisionError as error:\n"
@@ -150,15 +151,15 @@ FORGE = ("    while frame is not None and 'token' not in frame.f_locals:\n      
 
 
 @pytest.mark.parametrize("route", list(FORGERS))
-def test_harness_aware_forger_is_stopped_by_the_audit_hook(has_close_elements, monkeypatch, route):
+def test_harness_aware_forger_fails_with_and_without_the_audit_hook(has_close_elements, monkeypatch, route):
     from specrepro.tasks import sandbox
 
     forger = FORGERS[route] + FORGE
     assert check_completion(has_close_elements, forger).status == "failed"
-    # power: the same forger succeeds against the harness without its audit hook
     assert "sys.addaudithook(audit_hook())" in sandbox.HARNESS
     monkeypatch.setattr(sandbox, "HARNESS", sandbox.HARNESS.replace("sys.addaudithook(audit_hook())", "pass"))
-    assert check_completion(has_close_elements, forger).status == "passed"
+    assert check_completion(has_close_elements, forger).status == "failed"
+    assert check_completion(has_close_elements, CORRECT).status == "passed"  # control
 
 
 def test_sample_of_canonical_solutions_pass():
@@ -214,9 +215,9 @@ def test_private_dirs_where_the_host_allows_them():
     if not _host_allows_mount_namespaces():
         pytest.skip("this machine does not allow unprivileged user+mount namespaces: no private /tmp here")
     info = sandbox_info()
-    assert info.private_dirs, "user+mount namespaces work here, so the sandbox must use them"
-    assert str(PROJECT) in info.hidden or any(PROJECT.is_relative_to(h) for h in info.hidden)
-    assert "private /tmp" in info.containment
+    assert info.private_dirs and info.level == "full", "user+mount namespaces work here, so the sandbox must use them"
+    assert not any(PROJECT.is_relative_to(v) for v in info.visible)
+    assert "private root" in info.containment
 
 
 @pytest.mark.parametrize("runner", ["program", "tests"])
@@ -224,8 +225,10 @@ def test_files_left_in_tmp_and_shm_vanish(runner, has_close_elements):
     if not sandbox_info().private_dirs:
         pytest.skip("no mount namespace on this machine: files in /tmp and /dev/shm outlive the program")
     token = f"specrepro-leftover-{random.randrange(10**9)}"
-    paths = [f"/tmp/{token}", f"/dev/shm/{token}", f"/var/tmp/{token}"]
+    paths = [f"/tmp/{token}", f"/dev/shm/{token}"]
     write = "".join(f"open({p!r}, 'w').write('x')\nassert os.path.exists({p!r})\n" for p in paths)
+    write += f"assert not os.path.exists('/var/tmp')\n"  # not in the private root at all
+    paths.append(f"/var/tmp/{token}")
     if runner == "program":
         result = run_untrusted("import os\n" + write + "print('wrote')\n")
         assert result.status == "passed" and result.stdout == "wrote\n", result.stderr
@@ -242,29 +245,27 @@ def test_project_and_home_are_hidden_and_mounts_cannot_be_undone():
         pytest.skip("no mount namespace on this machine: the project tree stays visible (but not writable)")
     code = (
         "import ctypes, os\n"
-        "def seen(path):\n"
-        "    return sorted(os.listdir(path)) if os.path.exists(path) else []  # absent under a fresh /tmp\n"
-        f"print(seen({str(PROJECT)!r}), seen({str(Path.home())!r}))\n"
+        f"print(os.path.exists({str(PROJECT)!r}), os.path.exists({str(Path.home())!r}))\n"
         "print([l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
-        f"print(libc.umount2({str(PROJECT).encode()!r}, 2), libc.umount2(b'/tmp', 2), ctypes.get_errno())\n"
+        "print(libc.umount2(b'/usr', 2), libc.umount2(b'/tmp', 2), libc.chroot(b'/tmp'), ctypes.get_errno())\n"
         "print(os.listdir('/tmp'))\n"
     )
     result = run_untrusted(code)
     assert result.status == "passed", result.stderr
     listing, caps, umount, tmp = result.stdout.splitlines()
-    assert listing == "[] []"
+    assert listing == "False False"
     assert int(caps, 16) == 0
-    assert umount.split()[:2] == ["-1", "-1"]
+    assert umount.split()[:3] == ["-1", "-1", "-1"]
     entries = ast.literal_eval(tmp)
     assert len(entries) == 1 and entries[0].startswith("specrepro-sandbox-")  # only its own scratch dir
 
 
-FALLBACKS = {"no mount namespace": {"private_dirs": False, "hidden": (), "read_only": ()},
-             "no namespaces": {"private_dirs": False, "hidden": (), "read_only": (), "namespaces": False,
-                               "unshare": None}}
+FALLBACKS = {"no mount namespace": {"private_dirs": False, "visible": ()},
+             "no namespaces": {"private_dirs": False, "visible": (), "namespaces": False, "unshare": None}}
 
 
+@pytest.mark.filterwarnings("ignore::specrepro.tasks.sandbox.SandboxWarning")  # test_isolation.py checks it
 @pytest.mark.parametrize("fallback", list(FALLBACKS))
 def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallback):
     """Machines without (mount) namespaces: the verdict does not rely on them."""
@@ -274,56 +275,46 @@ def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallba
 
     reduced = dataclasses.replace(sandbox_info(), **FALLBACKS[fallback])
     monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
+    monkeypatch.delenv("SPECREPRO_SANDBOX", raising=False)
     assert check_completion(has_close_elements, CORRECT).status == "passed"
     for name in ("sys.exit(0)", "os._exit(0) at top level", "writing to every fd in /proc/self/fd",
                  "reading every fd and echoing it to every fd", "/proc/self/mem", "always-equal result"):
         assert check_completion(has_close_elements, CHEATS[name][0], timeout=3.0).status == "failed", name
     for route in FORGERS:
         assert check_completion(has_close_elements, FORGERS[route] + FORGE).status == "failed", route
-    spawn = "    import subprocess\n    subprocess.run(['/bin/true'])\n"  # a child could read our memory
+    spawn = "    import subprocess\n    subprocess.run(['/bin/true'])\n"  # no processes while the tests run
     result = check_completion(has_close_elements, spawn + CORRECT)
     assert result.status == "failed" and "BlockingIOError" in result.stderr, result.stderr
 
 
-def test_paths_holding_the_stdlib_are_read_only_not_hidden(monkeypatch):
+def test_the_private_root_shows_usr_and_the_interpreter_and_nothing_beside_them(monkeypatch, tmp_path):
     from specrepro.tasks import sandbox
 
-    project = Path(sandbox.__file__).resolve().parents[2]
-    home = Path("/usr")  # a HOME that holds the interpreter's stdlib and, below, the cwd (wherever the checkout is)
-    monkeypatch.setattr(Path, "home", lambda: home)
-    monkeypatch.chdir("/usr/share")
-    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3"])
-    hidden, read_only = sandbox._private_paths("python3", None)
-    assert read_only == ("/usr",) and "/usr" not in hidden
-    assert "/usr/share" in hidden and "/" not in hidden + read_only
-    assert str(project) in hidden or any(project.is_relative_to(h) for h in read_only)
+    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3", "/opt/py/lib"])
+    monkeypatch.setattr(os.path, "lexists", lambda path: path not in ("/lib32", "/libx32"))
+    visible = sandbox._visible_paths("python3", None)
+    assert visible[0] == "/usr" and "/opt/py/lib" in visible  # an interpreter outside /usr is shown too
+    assert "/usr/lib/python3" not in visible  # already under /usr
+    assert not {"/lib32", "/libx32", "/", "/etc", "/work", "/root", "/home"} & set(visible)
 
 
-def test_a_checkout_under_tmp_is_hidden_by_the_fresh_tmp_and_its_venv_python_is_not_used(monkeypatch):
-    """A project cloned into /tmp (or a venv there): the private tmpfs over /tmp already hides it, so it is
-    reported hidden but not mounted over, and a venv python there is replaced by the binary it links to."""
+def test_a_checkout_under_tmp_is_absent_and_its_venv_python_is_run_by_its_real_path(monkeypatch):
+    """A project cloned into /tmp (with a venv there): the private root does not show it, and the sandbox runs
+    the binary the venv's python links to."""
     from specrepro.tasks import sandbox
 
+    info = sandbox_info()
+    if not info.private_dirs:
+        pytest.skip("no mount namespace on this machine")
+    assert info.interpreter == os.path.realpath(info.interpreter)
     checkout = Path(tempfile.mkdtemp(prefix="specrepro-checkout-", dir="/tmp"))
-    monkeypatch.chdir(checkout)
     try:
-        _check_checkout_under_tmp(sandbox, monkeypatch, checkout)
+        (checkout / "secret.txt").write_text("x")
+        os.chmod(checkout, 0o755)
+        result = run_untrusted(f"import os\nprint(os.path.exists({str(checkout)!r}))\n")
+        assert result.stdout == "False\n", result
     finally:
         shutil.rmtree(checkout)
-
-
-def _check_checkout_under_tmp(sandbox, monkeypatch, checkout):
-    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3"])
-    hidden, read_only = sandbox._private_paths("python3", None)
-    assert str(checkout) in hidden and not any(checkout.is_relative_to(r) for r in read_only)
-    spec = sandbox._private_spec("/tmp/scratch", hidden, read_only, 1 << 20, hide_proc=True)
-    assert str(checkout) not in spec["hide"]  # nothing to mount: it does not exist under the fresh /tmp
-    python = checkout / "python3"
-    python.symlink_to(os.path.realpath(sys.executable))
-    assert sandbox._visible_interpreter(str(python), (str(checkout),)) == os.path.realpath(sys.executable)
-    copied = checkout / "copied-python"
-    copied.write_bytes(b"")
-    assert sandbox._visible_interpreter(str(copied), (str(checkout),)) is None  # then no private dirs, not a broken run
 
 
 def test_sandbox_info_falls_back_when_mounts_fail(monkeypatch):
@@ -335,7 +326,7 @@ def test_sandbox_info_falls_back_when_mounts_fail(monkeypatch):
     sandbox.sandbox_info.cache_clear()
     try:
         reduced = sandbox.sandbox_info()
-        assert reduced.namespaces and not reduced.private_dirs and reduced.hidden == ()
+        assert reduced.namespaces and not reduced.private_dirs and reduced.visible == ()
         assert "shared filesystem" in reduced.containment
         assert run_untrusted("print('ok')").stdout == "ok\n"
     finally:
