@@ -252,7 +252,57 @@ def make_private(private, sources):
 
     checked(ctypes, lib.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "capset")
     checked(ctypes, lib.prctl(no_new_privs, 1, 0, 0, 0), "no_new_privs")
+    if private["seccomp"]:
+        install_seccomp(ctypes, lib)
     return files
+
+
+# x86_64 syscalls a Python program has no business making: debugging and reading other processes, kernel
+# modules and keys, namespaces and mounts, BPF, perf, io_uring, userfaultfd, handles, personality, host admin.
+DENIED_SYSCALLS = {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kexec_load": 246,
+                   "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+                   "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308,
+                   "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "userfaultfd": 323,
+                   "perf_event_open": 298, "personality": 135, "io_uring_setup": 425, "io_uring_enter": 426,
+                   "io_uring_register": 427, "open_by_handle_at": 304, "name_to_handle_at": 303, "acct": 163,
+                   "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170, "setdomainname": 171,
+                   "quotactl": 179, "lookup_dcookie": 212, "move_mount": 429, "open_tree": 428, "fsopen": 430,
+                   "fsmount": 432, "fspick": 433, "mount_setattr": 442}
+
+
+def install_seccomp(ctypes, lib):
+    """A seccomp filter (x86_64): EPERM for DENIED_SYSCALLS, for clone() with namespace flags and for the
+    x32 ABI; ENOSYS for clone3 (its flags sit in memory a filter cannot read; libc falls back to clone);
+    any other architecture's syscalls kill the process."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
+    eperm, enosys = 1, 38
+    clone, clone3, namespace_flags = 56, 435, 0x7E020080  # CLONE_NEW{NS,CGROUP,UTS,IPC,USER,PID,NET,TIME}
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, 0xC000003E), (ret, 0, 0, kill), (ld, 0, 0, 0),
+               (jge, "deny", 0, 0x40000000)]
+    program += [(jeq, "deny", 0, number) for number in DENIED_SYSCALLS.values()]
+    program += [(jeq, "nosys", 0, clone3), (jeq, 0, "allow", clone), (ld, 0, 0, 16),
+                (jset, "deny", "allow", namespace_flags)]
+    labels = {"allow": (ret, 0, 0, allow), "deny": (ret, 0, 0, errno | eperm),
+              "nosys": (ret, 0, 0, errno | enosys)}
+    where = {name: len(program) + i for i, name in enumerate(labels)}
+    program += list(labels.values())
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    def offset(i, jump):
+        return where[jump] - i - 1 if isinstance(jump, str) else jump
+
+    table = (Filter * len(program))(*[Filter(code, offset(i, jt), offset(i, jf), k)
+                                      for i, (code, jt, jf, k) in enumerate(program)])
+    fprog = Program(len(program), table)
+    set_seccomp, mode_filter = 22, 2
+    checked(ctypes, lib.prctl(set_seccomp, mode_filter, ctypes.addressof(fprog), 0, 0), "seccomp")
 
 
 def run_program(path, source):
@@ -487,6 +537,7 @@ UNSHARE_FLAGS = ("--user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill
 # mounts, which it then drops for good before the program runs
 INSIDE_UID = 1000
 PRIVATE_FLAGS = (f"--map-user={INSIDE_UID}", f"--map-group={INSIDE_UID}", "--keep-caps", "--mount", "--mount-proc")
+SECCOMP = os.uname().machine == "x86_64"  # the filter's syscall numbers are x86_64's
 MODE_VARIABLE = "SPECREPRO_SANDBOX"  # "strict": refuse to run untrusted code without namespaces
 FRAME_BYTES = 16 * 1024 * 1024  # largest encoded call or answer between judge and sandbox
 # The host paths a private root shows (read-only), those that exist; the interpreter's own are added.
@@ -533,9 +584,15 @@ class SandboxInfo:
         if self.private_dirs:
             layers.append(f"uid {INSIDE_UID} inside; private root showing only {', '.join(self.visible)} "
                           "(read-only), a fresh /tmp, /dev/shm and /proc")
+            layers.append("seccomp filter" if self.seccomp else "no seccomp filter (not x86_64)")
         else:
             layers.append("shared filesystem (no mount namespace)")
         return "; ".join(layers)
+
+    @property
+    def seccomp(self) -> bool:
+        """The launcher installs its syscall filter along with the private root, on x86_64."""
+        return self.private_dirs and SECCOMP
 
     @property
     def level(self) -> str:
@@ -545,7 +602,7 @@ class SandboxInfo:
     def record(self) -> dict:
         """What a results file holding pass@k records about the isolation its verdicts ran under."""
         return {"level": self.level, "containment": self.containment, "uid_drop": self.uid_drop,
-                "namespaces": self.namespaces, "private_dirs": self.private_dirs,
+                "namespaces": self.namespaces, "private_dirs": self.private_dirs, "seccomp": self.seccomp,
                 "verdict": "judge process (check() outside the sandbox; builtin data across a pipe)"}
 
     @property
@@ -667,7 +724,7 @@ def _probe_private(interpreter: str, unshare: str, uid: int | None, visible) -> 
 
 def _private_spec(scratch: str, visible, tmp_bytes: int, hide_proc: bool) -> dict:
     return {"scratch": "/tmp/" + os.path.basename(scratch), "visible": list(visible), "tmp_bytes": tmp_bytes,
-            "hide_proc": hide_proc}
+            "hide_proc": hide_proc, "seccomp": SECCOMP}
 
 
 @functools.lru_cache(maxsize=1)

@@ -131,3 +131,31 @@ def test_pass_at_k_rows_record_the_isolation():
     assert _pass_rates([{"item": "a", "status": "passed"}], (1,))["sandbox"] == "unrecorded"
     record = sandbox_info().record()
     assert record["level"] == sandbox_info().level and record["containment"] == sandbox_info().containment
+
+
+SECCOMP_PROGRAM = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*args):
+    return libc.syscall(*args), ctypes.get_errno()
+print([line.split()[1] for line in open('/proc/self/status') if line.startswith('Seccomp:')][0])
+print(call(272, 0x10000000), call(101, 0, 0, 0, 0), call(250, 0), call(0x40000000 + 39), call(435, 0, 0))
+print(call(56, 0x10000000 | 17, 0, 0, 0, 0))  # clone(CLONE_NEWUSER | SIGCHLD)
+pid = os.fork()  # control: a plain fork (clone without namespace flags) still works
+if pid == 0:
+    os._exit(7)
+print(os.waitpid(pid, 0)[1] >> 8, call(39)[0] > 0)  # and an ordinary syscall (getpid)
+"""
+
+
+def test_seccomp_refuses_namespaces_ptrace_keys_and_x32_and_allows_the_rest():
+    _need("seccomp")
+    result = run_untrusted(SECCOMP_PROGRAM)
+    assert result.status == "passed", result.stderr
+    mode, denied, clone, control = result.stdout.splitlines()
+    assert mode == "2"  # SECCOMP_MODE_FILTER
+    eperm, enosys = (-1, 1), (-1, 38)
+    assert ast.literal_eval(denied.replace(") (", "), (")) == (eperm, eperm, eperm, eperm, enosys)
+    assert ast.literal_eval(clone) == eperm
+    assert control == "7 True"
+
