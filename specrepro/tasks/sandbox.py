@@ -98,7 +98,14 @@ Containment, layer by layer (``sandbox_info()`` says which layers this machine h
   run); ``pivot_root``\s into it and detaches the old root, remounts the
   root read-only, sets the hostname to ``sandbox``, then drops every
   capability (bounding set, securebits locked, no_new_privs), so none of
-  it can be undone. The project, HOME, other checkouts, /etc, /opt, /work
+  it can be undone, and (x86_64, ``seccomp``) installs a seccomp filter:
+  EPERM for ptrace and process_vm_*, every namespace call (unshare, setns,
+  clone with a CLONE_NEW* flag), mount calls, keys, BPF, perf,
+  io_uring, userfaultfd, file handles, personality, modules and host
+  administration, and the x32 ABI; ENOSYS for clone3 (libc falls back to
+  clone, whose flags the filter can read); another architecture's
+  syscalls kill the process. The filter is installed in the launcher, so
+  it binds the harness and the program alike. The project, HOME, other checkouts, /etc, /opt, /work
   and the rest of the host are simply absent; packages outside the
   interpreter's standard library cannot be imported.
 * Without namespaces (``level == "fallback"``) every run warns
@@ -119,9 +126,13 @@ only by RLIMIT_NPROC, which counts *all* processes of the user (so it is
 set relative to the current count) and does not apply to root at all --
 then only the timeout and the final kill bound it; without
 ``namespaces`` and without ``uid_drop``, a ``setsid`` escapee survives the
-kill. No seccomp filter (the syscalls of the kernel are all reachable,
-within the namespaces' and the dropped capabilities' limits) and no
-CPU-share isolation.
+kill. Without ``seccomp`` (no private root, or not x86_64), every syscall
+of the kernel is reachable within the namespaces' and capabilities'
+limits; with it, the syscalls it allows still are (a kernel bug in one of
+them is out of reach of anything here). No CPU-share isolation.
+bubblewrap (Debian ``bubblewrap``) does what the private root does and
+works on this machine; it is not used, since the launcher here needs no
+extra package and adds the seccomp filter and the judge's pipes itself.
 """
 
 from __future__ import annotations
