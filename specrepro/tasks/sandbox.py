@@ -23,6 +23,9 @@ interpreter altogether:
   exception it raised. ``passed`` means the judge's ``check`` returned
   (exit status 0 and its own nonce as the last line of its stdout); the
   sandbox's exit status, output and fds count for nothing.
+* The judge makes itself non-dumpable first (no ptrace, no /proc/<pid>/mem
+  for anyone without CAP_SYS_PTRACE), which matters where the program runs
+  as the judge's own user: without namespaces and without ``uid_drop``.
 * Only exact builtin data crosses the pipe (None, bool, int, float, complex,
   str, bytes, list, tuple, set, frozenset, dict; tagged JSON, 16 MB a
   frame): an object with a lying ``__eq__`` cannot be sent, and the judge
@@ -503,7 +506,16 @@ JUDGE_BODY = r'''
 import builtins, sys
 
 
+def undumpable():
+    """No ptrace and no /proc/<pid>/mem of the judge for anyone without CAP_SYS_PTRACE: without namespaces
+    and a uid of its own, the program runs as the judge's user, and must not reach into the judge."""
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "the judge could not make itself non-dumpable")
+
+
 def main():
+    undumpable()
     spec = json.loads(sys.stdin.read())
     to_sandbox, from_sandbox, limit = spec["to_sandbox"], spec["from_sandbox"], spec["frame_bytes"]
 

@@ -9,6 +9,8 @@ interpreter, judged by its exit status), where it passes. Every route has a cont
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from specrepro.tasks import sandbox
@@ -162,3 +164,37 @@ def test_nothing_of_the_test_reaches_the_sandbox(problems):
     assert result.status == "passed" and result.stdout == "False False\n", result
     # power: the same probe sees the test when it is part of the program (the reference harness)
     assert run_untrusted(program_for(problems[0], CORRECT_0) + probe).stdout == "True True\n"
+
+
+def _judge_mem_owner(source: str) -> tuple[int, int]:
+    """Start the judge's code (stopped before it reads its spec); the uid it runs as, and the owner of its
+    /proc/<pid>/mem. As root, it runs as a fresh uid, so that the two differ exactly when it is non-dumpable."""
+    import subprocess
+    import sys
+
+    from specrepro.tasks import sandbox
+
+    uid = sandbox._fresh_uid() if os.geteuid() == 0 else os.getuid()
+    ready = source.replace("spec = json.loads(sys.stdin.read())", "print('ready', flush=True); sys.stdin.read(); return")
+    judge = subprocess.Popen(["/usr/bin/env", "python3", "-I", "-c", ready], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd="/",
+                             preexec_fn=(lambda: sandbox._drop_to(uid)) if os.geteuid() == 0 else None)
+    try:
+        assert judge.stdout.readline() == "ready\n"
+        return uid, os.stat(f"/proc/{judge.pid}/mem").st_uid
+    finally:
+        judge.kill()
+        judge.wait()
+
+
+def test_the_judge_cannot_be_read_or_traced():
+    """The judge makes itself non-dumpable, so a program that shares its uid (the fallback without namespaces
+    or a uid of its own) can neither ptrace it nor open /proc/<judge>/mem: the kernel then shows those files
+    as root's and lets only CAP_SYS_PTRACE past."""
+    from specrepro.tasks.sandbox import JUDGE
+
+    assert "    undumpable()\n" in JUDGE
+    uid, owner = _judge_mem_owner(JUDGE)
+    assert uid != 0 and owner == 0
+    uid, owner = _judge_mem_owner(JUDGE.replace("    undumpable()\n", "    pass\n"))  # power: without it
+    assert owner == uid
