@@ -121,9 +121,11 @@ Not contained: without ``private_dirs``, reading any file its uid may read
 and writing to world-writable places such as /tmp or /dev/shm (files it
 leaves there survive the run, each capped by RLIMIT_FSIZE); without
 ``namespaces``, the network (a 127.0.0.1 listener is reachable: the
-socket patch is bypassable), System V IPC (segments outlive the run and
-count against host RAM, not RLIMIT_AS) and every host process's command
-line under /proc; without ``uid_drop``, writing to any path the parent
+socket patch is bypassable), the host's System V IPC (a host segment can
+be opened by key; the run's own segments count against host RAM, not
+RLIMIT_AS, until the run ends -- with ``uid_drop`` every IPC object of its
+uid is removed then, without it they outlive the run) and every host
+process's command line under /proc; without ``uid_drop``, writing to any path the parent
 user may write when it knows the absolute path, and a fork bomb limited
 only by RLIMIT_NPROC, which counts *all* processes of the user (so it is
 set relative to the current count) and does not apply to root at all --
@@ -875,6 +877,33 @@ def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
     proc.wait()
     if uid is not None:
         _kill_uid(uid)
+        _remove_ipc(uid)
+
+
+def _remove_ipc(uid: int) -> None:
+    """Remove the System V segments, queues and semaphores the run's fresh uid created or owns: without an
+    IPC namespace they would outlive it (and their memory is not counted by its RLIMIT_AS)."""
+    import ctypes
+
+    libc = None
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as handle:
+                header, *rows = [line.split() for line in handle]
+        except OSError:
+            continue
+        for row in rows:
+            fields = dict(zip(header, row))
+            if str(uid) not in (fields.get("uid"), fields.get("cuid")):
+                continue
+            libc = libc or ctypes.CDLL(None, use_errno=True)
+            ident = int(row[1])
+            if kind == "shm":
+                libc.shmctl(ident, 0, None)  # IPC_RMID
+            elif kind == "msg":
+                libc.msgctl(ident, 0, None)
+            else:
+                libc.semctl(ident, 0, 0)
 
 
 def _wait(proc: subprocess.Popen, reader: _CappedReader, timeout: float) -> bool:

@@ -104,6 +104,29 @@ def test_the_fallback_warns_and_says_what_it_lacks(fallback):
         assert run_untrusted("print('ok')").stdout == "ok\n"
 
 
+@pytest.mark.filterwarnings("ignore::specrepro.tasks.sandbox.SandboxWarning")
+def test_in_the_fallback_ipc_left_by_the_fresh_uid_is_removed(fallback, monkeypatch):
+    """No IPC namespace: the host's segment is reachable (so the run's own segment was really in the host's
+    IPC), but what the run's uid made is removed after it."""
+    if not fallback.uid_drop:
+        pytest.skip("not root: no fresh uid whose IPC objects could be told apart from the user's own")
+    libc = _libc()
+    own_key = random.randrange(1 << 20, 1 << 30)
+    result = run_untrusted(SHM_PROGRAM.format(host_key=own_key + 1, own_key=own_key, size=1 << 20))
+    assert result.status == "passed", result.stderr
+    assert result.stdout.splitlines()[1] == "True True"
+    assert libc.shmget(own_key, 0, 0) == -1 and libc.msgget(own_key, 0) == -1
+    # power: without the clean-up, the same run's segment and queue stay in the host's IPC
+    monkeypatch.setattr(sandbox, "_remove_ipc", lambda uid: None)
+    run_untrusted(SHM_PROGRAM.format(host_key=own_key + 1, own_key=own_key, size=1 << 20))
+    segment, queue = libc.shmget(own_key, 0, 0), libc.msgget(own_key, 0)
+    try:
+        assert segment >= 0 and queue >= 0
+    finally:
+        libc.shmctl(segment, IPC_RMID, None)
+        libc.msgctl(queue, IPC_RMID, None)
+
+
 def test_strict_mode_refuses_the_fallback(fallback, monkeypatch):
     monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
     problem = load_humaneval(n=1)[0]
