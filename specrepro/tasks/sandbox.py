@@ -157,7 +157,6 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 HARNESS_BODY = r'''
@@ -342,7 +341,7 @@ def audit_hook():
         if event == "import":
             # every dotted part and the file: an extension loaded under another name is still itself
             name, path = str(args[0]), basename(fsdecode(args[1])) if isinstance(args[1], (str, bytes)) else ""
-            if any(part in raw_memory for part in name.split(".")) or path.startswith(raw_memory):
+            if any(part in raw_memory for part in name.split(".")) or path.split(".")[0] in raw_memory:
                 raise RuntimeError(f"import of {name} ({path or 'no file'}) is disabled in this sandbox")
         if (event in refused or event.startswith(("gc.", "ctypes.", "cpython."))
                 or (event == "object.__getattr__" and str(args[1]).endswith("_frame"))

@@ -139,7 +139,8 @@ def test_ctypes_under_another_name_is_refused(problems, name):
 
 
 def test_control_other_extension_modules_still_load(problems):
-    code = CORRECT_0 + "import importlib\nimportlib.import_module('_bisect')\nimport _json, array\n"
+    code = CORRECT_0 + ("import importlib, sys\nimportlib.import_module('_bisect')\nimport _json, array\n"
+                        "open('ctypes_notes.py', 'w').write('x = 1')\nsys.path.insert(0, '.')\nimport ctypes_notes\n")
     assert check_completion(problems[0], code).status == "passed"
 
 
@@ -159,7 +160,8 @@ def test_nothing_of_the_test_reaches_the_sandbox(problems):
              "for root, dirs, files in os.walk('/tmp'):\n"
              "    for f in files:\n"
              "        seen += open(os.path.join(root, f), errors='replace').read()\n"
-             "print('def ' + 'check' in seen, 'assert ' + 'candidate' in seen, flush=True)\n")  # not the needles themselves
+             # the needles are built, so that the probe's own source does not hold them
+             "print('def ' + 'check' in seen, 'assert ' + 'candidate' in seen, flush=True)\n")
     result = check_completion(problems[0], CORRECT_0 + probe)
     assert result.status == "passed" and result.stdout == "False False\n", result
     # power: the same probe sees the test when it is part of the program (the reference harness)
@@ -170,12 +172,12 @@ def _judge_mem_owner(source: str) -> tuple[int, int]:
     """Start the judge's code (stopped before it reads its spec); the uid it runs as, and the owner of its
     /proc/<pid>/mem. As root, it runs as a fresh uid, so that the two differ exactly when it is non-dumpable."""
     import subprocess
-    import sys
 
     from specrepro.tasks import sandbox
 
     uid = sandbox._fresh_uid() if os.geteuid() == 0 else os.getuid()
-    ready = source.replace("spec = json.loads(sys.stdin.read())", "print('ready', flush=True); sys.stdin.read(); return")
+    ready = source.replace("spec = json.loads(sys.stdin.read())",
+                           "print('ready', flush=True); sys.stdin.read(); return")
     judge = subprocess.Popen(["/usr/bin/env", "python3", "-I", "-c", ready], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd="/",
                              preexec_fn=(lambda: sandbox._drop_to(uid)) if os.geteuid() == 0 else None)
