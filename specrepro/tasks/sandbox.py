@@ -111,9 +111,15 @@ Containment, layer by layer (``sandbox_info()`` says which layers this machine h
   it binds the harness and the program alike. The project, HOME, other checkouts, /etc, /opt, /work
   and the rest of the host are simply absent; packages outside the
   interpreter's standard library cannot be imported.
-* Without namespaces (``level == "fallback"``) every run warns
+* Without namespaces (``level == "fallback"``), and with namespaces but
+  neither a private root nor a fresh uid, every run warns
   (``SandboxWarning``) and ``SPECREPRO_SANDBOX=strict`` makes
-  ``run_untrusted``/``run_tests`` raise instead. ``SandboxInfo.containment``
+  ``run_untrusted``/``run_tests`` raise instead. The second case matters
+  for verdicts: the program then runs as the user who owns the
+  interpreter, and a stdlib it can write (a pyenv or conda install in
+  HOME) is one the judge imports, now or in a later run. The judge runs
+  with ``-S`` (no ``site``, so no ``.pth`` file), but only a read-only
+  view or another uid protects the standard library itself. ``SandboxInfo.containment``
   names the layers in force and ``record()`` gives what results files
   store; Table 1's records and pass@k rows carry the level.
 
@@ -784,15 +790,20 @@ def _sandbox_mode() -> str:
 
 
 def _require_isolation(info: SandboxInfo) -> None:
-    """Refuse the fallback under SPECREPRO_SANDBOX=strict; otherwise warn (once per place) that it is in use."""
-    if info.namespaces:
+    """Under SPECREPRO_SANDBOX=strict, refuse to run without namespaces, or where the program would run as the
+    user who owns the interpreter's files (no fresh uid, no private read-only root); otherwise warn."""
+    if info.namespaces and (info.private_dirs or info.uid_drop):
         return
-    message = (f"running untrusted code WITHOUT user/net/pid/ipc namespaces ({info.containment}); "
-               f"set {MODE_VARIABLE}=strict to refuse instead")
+    if not info.namespaces:
+        lack = "no user namespaces (unshare missing or refused)"
+        message = f"running untrusted code WITHOUT user/net/pid/ipc namespaces ({info.containment})"
+    else:
+        lack = "neither a private read-only root nor a fresh uid"
+        message = (f"running untrusted code as this user with the host's filesystem ({info.containment}): "
+                   "it can write what this user can, the interpreter's files included")
     if _sandbox_mode() == "strict":
-        raise RuntimeError(f"{MODE_VARIABLE}=strict: this machine offers no user namespaces "
-                           f"(unshare missing or refused), so untrusted code is not run")
-    warnings.warn(message, SandboxWarning, stacklevel=4)
+        raise RuntimeError(f"{MODE_VARIABLE}=strict: this machine offers {lack}, so untrusted code is not run")
+    warnings.warn(f"{message}; set {MODE_VARIABLE}=strict to refuse instead", SandboxWarning, stacklevel=4)
 
 
 def _command(info: SandboxInfo, spec: dict) -> list[str]:
@@ -958,7 +969,8 @@ def _start_judge(tests: dict, timeout: float, memory_mb: int, fds: tuple[int, in
     verdict = "specrepro-judge-passed-" + secrets.token_hex(8)
     limits = _rlimits(timeout, max(memory_mb, 512), 16 * 1024 * 1024, 1, uid_drop=True)
     del limits[resource.RLIMIT_NPROC]
-    proc = subprocess.Popen([sys.executable, "-I", "-c", JUDGE], cwd=cwd, stdin=subprocess.PIPE,
+    # -S: no site module, so no .pth file in a site-packages directory runs code in the judge
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", JUDGE], cwd=cwd, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, pass_fds=fds, close_fds=True,
                             preexec_fn=_preexec(limits, None))

@@ -139,6 +139,24 @@ def test_strict_mode_refuses_the_fallback(fallback, monkeypatch):
         run_untrusted("print('ok')")
 
 
+def test_strict_mode_refuses_namespaces_that_leave_the_interpreter_writable(monkeypatch):
+    """Namespaces but no private root and no fresh uid: the program could rewrite the judge's stdlib."""
+    _need("namespaces")
+    reduced = dataclasses.replace(sandbox_info(), uid_drop=False, private_dirs=False, visible=())
+    monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
+    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
+    with pytest.raises(RuntimeError, match="neither a private read-only root nor a fresh uid"):
+        run_untrusted("print('ok')")
+    monkeypatch.delenv(sandbox.MODE_VARIABLE)
+    with pytest.warns(SandboxWarning, match="the interpreter's files included"):
+        run_untrusted("print('ok')")
+    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
+    with warnings.catch_warnings():  # control: either layer is enough, even under strict
+        warnings.simplefilter("error", SandboxWarning)
+        sandbox._require_isolation(dataclasses.replace(reduced, uid_drop=True))
+        sandbox._require_isolation(dataclasses.replace(reduced, private_dirs=True))
+
+
 def test_strict_mode_runs_where_namespaces_exist(monkeypatch):
     _need("namespaces")
     monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
