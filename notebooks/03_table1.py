@@ -102,7 +102,7 @@ Markdown(ex.markdown_table(rows, ["benchmark", "decoding", "method", "tree", "n_
 # similarity and passing on HumanEval) form one family: at a family-wise level of 0.05, a score counts as
 # changed only where its p falls below 0.05 divided by the number of tests (Bonferroni). In bfloat16, greedy
 # texts that part at a near-tie make those items' scores differ either way, so a small p there is not by itself
-# evidence of a biased sampler; in float32 greedy SpS and ArS emit the same tokens (tests/test_parity.py).
+# evidence of a biased sampler; in float32 greedy SpS and ArS emit the same tokens (tests/algorithm/test_parity.py).
 
 # %%
 paired = [(r, label) for r in rows if r.get("method") == "SpS" for label in ("quality", "pass")
