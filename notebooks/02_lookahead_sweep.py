@@ -74,5 +74,7 @@ ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
 Image(plots.plot_lookahead(out_dir)[0])
 
 # %%
-Markdown(ex.profile_note(profile) + ex.markdown_table(out["rows"], ["task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1",
-                                         "ms_per_loop", "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"]))
+table = ex.markdown_table(out["rows"], [
+    "task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1", "ms_per_loop",
+    "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"])
+Markdown(ex.profile_note(profile) + table)

@@ -91,10 +91,11 @@ ex.write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
-Markdown(ex.profile_note(profile) + ex.markdown_table(rows, ["benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
-                                  "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup",
-                                  "speedup_ci_low", "speedup_ci_high", "paper_speedup", "tau", "identical_text",
-                                  "quality_wilcoxon_p"]))
+table = ex.markdown_table(rows, [
+    "benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
+    "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup", "speedup_ci_low",
+    "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p"])
+Markdown(ex.profile_note(profile) + table)
 
 # %% [markdown]
 # The paired tests of quality (per SpS row, Wilcoxon signed-rank over items of SpS minus ArS: ROUGE-2 on news,

@@ -69,5 +69,6 @@ for r in rows:
     key = (r["draft"], r["task"], r["temperature"])
     if key not in best or r["speedup"] > best[key]["speedup"]:
         best[key] = r
-Markdown(ex.profile_note(profile) + ex.markdown_table(list(best.values()), ["draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup",
-                                                  "predicted_speedup"]))
+table = ex.markdown_table(list(best.values()), [
+    "draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup", "predicted_speedup"])
+Markdown(ex.profile_note(profile) + table)

@@ -168,3 +168,10 @@ def test_lab_server_setup(monkeypatch):
     overrides = json.loads((Path(settings) / "overrides.json").read_text())
     assert overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]["python"] == "Jupytext Notebook"
     assert os.environ["MPLBACKEND"] == "agg"  # the calling process is left as it was
+
+
+def test_make_lab_starts_this_server():
+    """The browser test starts lab.lab_command() with lab.lab_environment(): make lab must run the same."""
+    makefile = (reproduce.ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    assert "-m specrepro.experiments.lab" in recipe and "env -u MPLBACKEND" in recipe
