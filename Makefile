@@ -27,7 +27,7 @@ notebooks: setup
 
 # unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults
 test: notebooks
-	$(PY) -m pytest -q -p no:cacheprovider tests notebooks/ --nbval-lax --nbval-current-env
+	$(PY) -m pytest -q -p no:cacheprovider tests runs/notebooks/ --nbval-lax --nbval-current-env
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
@@ -51,8 +51,10 @@ drafts: setup
 gpu-check: setup
 	OUT=figures/gpu-check PY=$(PY) bash tests/gpu_check.sh
 
-lab: notebooks
-	$(VENV)/bin/jupyter lab notebooks/
+# JupyterLab on notebooks/: a double click opens a notebook (the jupytext .py) with the specrepro kernel, a save
+# writes the .py back deterministically; the kernels get matplotlib's own backend (not agg); works as root
+lab: setup
+	env -u MPLBACKEND $(PY) -m specrepro.experiments.lab
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (specrepro)
 #     language: python
-#     name: python3
+#     name: specrepro
 # ---
 
 # %% [markdown]

@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (specrepro)
 #     language: python
-#     name: python3
+#     name: specrepro
 # ---
 
 # %% [markdown]
@@ -46,6 +44,7 @@ from specrepro.experiments import notebook as ex, plots
 from specrepro.sampling import SamplingConfig
 
 os.chdir(ex.repo_root())
+results_dir = ex.results_folder("01_losslessness", globals())  # keyed by the effective parameters and the code
 meta = ex.run_header(profile, seed, threads, notebook="01_losslessness", n_samples=n_samples, n_tokens=n_tokens,
                      vocab=vocab, alpha=alpha, settings=settings,
                      models="specrepro.stats.toy.tiny_llama x2 (hidden 16, 1 layer, logit_scale 12, no EOS), seeds target 0, draft 1")

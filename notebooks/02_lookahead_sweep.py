@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (specrepro)
 #     language: python
-#     name: python3
+#     name: specrepro
 # ---
 
 # %% [markdown]
@@ -53,6 +51,7 @@ import specrepro as sr
 from specrepro.experiments import notebook as ex, plots
 
 os.chdir(ex.repo_root())
+results_dir = ex.results_folder("02_lookahead_sweep", globals())  # keyed by the effective parameters and the code
 meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
                      device=device, lookaheads=lookaheads, trees=trees, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
@@ -75,5 +74,7 @@ ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
 Image(plots.plot_lookahead(out_dir)[0])
 
 # %%
-Markdown(ex.markdown_table(out["rows"], ["task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1",
-                                         "ms_per_loop", "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"]))
+table = ex.markdown_table(out["rows"], [
+    "task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1", "ms_per_loop",
+    "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"])
+Markdown(ex.profile_note(profile) + table)

@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (specrepro)
 #     language: python
-#     name: python3
+#     name: specrepro
 # ---
 
 # %% [markdown]
@@ -66,6 +64,7 @@ import specrepro as sr
 from specrepro.experiments import notebook as ex, plots
 
 os.chdir(ex.repo_root())
+results_dir = ex.results_folder("03_table1", globals())  # keyed by the effective parameters and the code
 meta = ex.run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
                      device=device, lookahead=lookahead, tree=tree, n_news=n_news, n_code=n_code, code_samples=code_samples,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
@@ -92,10 +91,11 @@ ex.write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
-Markdown(ex.markdown_table(rows, ["benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
-                                  "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup",
-                                  "speedup_ci_low", "speedup_ci_high", "paper_speedup", "tau", "identical_text",
-                                  "quality_wilcoxon_p"]))
+table = ex.markdown_table(rows, [
+    "benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
+    "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup", "speedup_ci_low",
+    "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p"])
+Markdown(ex.profile_note(profile) + table)
 
 # %% [markdown]
 # The paired tests of quality (per SpS row, Wilcoxon signed-rank over items of SpS minus ArS: ROUGE-2 on news,

@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (specrepro)
 #     language: python
-#     name: python3
+#     name: specrepro
 # ---
 
 # %% [markdown]
@@ -47,6 +45,7 @@ import specrepro as sr
 from specrepro.experiments import notebook as ex, plots
 
 os.chdir(ex.repo_root())
+results_dir = ex.results_folder("04_drafts", globals())  # keyed by the effective parameters and the code
 meta = ex.run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
                      lookaheads=lookaheads, trees=trees, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
                      temperatures=temperatures, top_p=top_p)
@@ -70,5 +69,6 @@ for r in rows:
     key = (r["draft"], r["task"], r["temperature"])
     if key not in best or r["speedup"] > best[key]["speedup"]:
         best[key] = r
-Markdown(ex.markdown_table(list(best.values()), ["draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup",
-                                                  "predicted_speedup"]))
+table = ex.markdown_table(list(best.values()), [
+    "draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup", "predicted_speedup"])
+Markdown(ex.profile_note(profile) + table)

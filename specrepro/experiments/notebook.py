@@ -23,7 +23,7 @@ from ..stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 from .lossless import joint_table, run_losslessness, toy_models  # noqa: F401  (the notebooks' entry points)
 from .records import (  # noqa: F401
     PROFILES, check_params, decode_ms_per_token, generate_item, generation_record, generator, per_token_latencies,
-    repo_root, run_header, write_outputs,
+    profile_note, repo_root, results_folder, run_header, write_outputs,
 )
 from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
 from ..stats.speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401

@@ -3,13 +3,16 @@ the aggregates read from them, and the outputs every notebook writes.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
 import zlib
 from pathlib import Path
 
 import torch
 
-from .results import machine_info, write_csv, write_json
+from .results import code_digest, machine_info, write_csv, write_json
 from ..speculative import autoregressive_generate, speculative_generate
 
 PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
@@ -23,6 +26,52 @@ def check_params(given: dict, allowed) -> None:
     unknown = sorted(set(given) - set(allowed))
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown}; this notebook accepts {sorted(allowed)}")
+
+def notebook_defaults(name: str, notebook_dir=None) -> dict:
+    """{parameter: default} from the `parameters` cell of notebooks/NAME.py (the jupytext source)."""
+    import jupytext
+
+    path = Path(notebook_dir or repo_root() / "notebooks") / f"{name}.py"
+    if not path.is_file():
+        raise ValueError(f"no notebook {path}")
+    cells = [c for c in jupytext.read(path).cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"{path}: expected one cell tagged 'parameters', found {len(cells)}")
+    namespace: dict = {}
+    exec(compile(cells[0].source, f"{path} (parameters cell)", "exec"), {}, namespace)
+    return namespace
+
+
+# parameters that say where things go, not what is computed
+_PLACES = ("results_dir", "out_dir")
+
+
+def results_key(params: dict) -> str:
+    """The key of a notebook's results folder: its effective parameters (where things go excepted), the
+    package's sources (`code_digest`) and, when it names trained draft kinds, their artifacts."""
+    from ..drafts.trainer import KINDS, artifacts_digest
+
+    settings = {k: v for k, v in params.items() if k not in _PLACES}
+    settings["code"] = code_digest()
+    named = set(re.findall(r"[a-z]+", json.dumps([params.get("draft"), params.get("drafts")], default=str)))
+    if named & set(KINDS):
+        settings["drafts_trained"] = artifacts_digest(named)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def results_folder(name: str, namespace: dict, notebook_dir=None) -> str:
+    """The folder notebook `name` keeps its items in: `<results_dir>/<name>-<results_key>`.
+
+    namespace: the notebook's globals() after its parameters cell (and papermill's injected one), so the
+    key is the same whether the notebook runs under specrepro-reproduce, papermill, nbval or in JupyterLab:
+    change a parameter in Lab and the next run starts fresh items. A results_dir that already ends in
+    this key (specrepro-reproduce passes it so, for --force and --merge) is used as it is.
+    """
+    params = {k: namespace[k] for k in notebook_defaults(name, notebook_dir)}
+    base = Path(params["results_dir"])
+    folder = f"{name}-{results_key(params)}"
+    return str(base if base.name == folder else base / folder)
+
 
 def run_header(profile: str, seed: int, threads: int | None, **extra) -> dict:
     """Fix threads and seed, and return what every output records: machine, profile, seed, settings."""
@@ -41,9 +90,22 @@ def item_seed(seed: int, key: str) -> int:
 def generator(seed: int, key: str, device="cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(item_seed(seed, key))
 
+SMOKE_NOTE = ("**Smoke profile: these sizes check that the code runs; they measure nothing.** A handful of "
+              "prompts and tokens, stand-in drafts: do not read speedups, acceptance or scores from them. "
+              "Run the cpu profile (`specrepro-reproduce --profile cpu`) for numbers.")
+
+
+def profile_note(profile: str) -> str:
+    """What a notebook shows above its results: a warning for the smoke profile, nothing otherwise."""
+    return SMOKE_NOTE + "\n\n" if profile == "smoke" else ""
+
+
 def write_outputs(out_dir, name: str, rows: list[dict], meta: dict) -> dict:
-    """`<name>.csv` (the table) and `<name>.json` (table + run metadata), both written atomically."""
+    """`<name>.csv` (the table) and `<name>.json` (table + run metadata), both written atomically; a smoke
+    run's JSON says that its numbers measure nothing."""
     out_dir = Path(out_dir)
+    if meta.get("profile") == "smoke":
+        meta = {**meta, "note": SMOKE_NOTE.replace("**", "")}
     csv_path = write_csv(out_dir / f"{name}.csv", rows)
     json_path = write_json(out_dir / f"{name}.json", {"meta": meta, "rows": rows})
     return {"csv": str(csv_path), "json": str(json_path)}

@@ -3,8 +3,8 @@
     specrepro-reproduce --profile cpu [--only NAME ...] [--figures-only] [--force] [--sync]
                                   [--output-root DIR] [--set NAME=VALUE ...]
 
-Notebooks are jupytext percent files `notebooks/NN_name.py`; each run converts them to `.ipynb` (git-ignored)
-and executes them with the parameters of `notebooks/params/<profile>.yaml` (one mapping per notebook name)
+Notebooks are jupytext percent files `notebooks/NN_name.py`; each run converts them to `runs/notebooks/*.ipynb`
+(git-ignored, outside notebooks/ so that JupyterLab lists each notebook once) and executes them with the parameters of `notebooks/params/<profile>.yaml` (one mapping per notebook name)
 plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A notebook that finished with
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
 files, so a rerun after a kill resumes where it stopped. Items are keyed by the parameters and by a hash of
@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -35,14 +34,16 @@ from pathlib import Path
 
 import yaml
 
-from ..drafts.trainer import KINDS, artifacts_digest
 from .notebook import PROFILES, check_params, repo_root
-from .results import SHARD_ENV, ResultsFile, atomic_write_text, code_digest, parse_shard, write_json
+from .records import notebook_defaults, results_folder
+from .results import SHARD_ENV, ResultsFile, atomic_write_text, parse_shard, write_json
 
 ROOT = repo_root()
 NOTEBOOK_DIR = ROOT / "notebooks"
 PARAMS_DIR = NOTEBOOK_DIR / "params"
+SYNC_DIR = ROOT / "runs" / "notebooks"  # the generated .ipynb (papermill's input, nbval's files)
 KERNEL_NAME = "specrepro"
+KERNEL_DISPLAY_NAME = "Python (specrepro)"
 CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "gpu": 3600}  # seconds per cell before papermill gives up (others: 3600)
 
 
@@ -95,41 +96,53 @@ def notebook_profile(profile: str, params_dir: Path | None = None) -> str:
     return notebook_profile(data["_base"], params_dir)
 
 
-def sync_notebooks(names=None) -> list[Path]:
-    """Write notebooks/NAME.ipynb from notebooks/NAME.py (jupytext), when missing or older."""
+def sync_notebooks(names=None, dest: Path | None = None) -> list[Path]:
+    """Write runs/notebooks/NAME.ipynb from notebooks/NAME.py (jupytext), when missing or older.
+
+    The copies carry no jupytext pairing metadata (nothing pairs them back to the .py) and live outside
+    notebooks/, so JupyterLab lists each notebook once: there the .py itself opens as a notebook.
+    """
     import jupytext
 
+    dest = Path(dest or SYNC_DIR)
+    dest.mkdir(parents=True, exist_ok=True)
     out = []
     for name in names or notebook_names():
-        src, dst = NOTEBOOK_DIR / f"{name}.py", NOTEBOOK_DIR / f"{name}.ipynb"
+        src, dst = NOTEBOOK_DIR / f"{name}.py", dest / f"{name}.ipynb"
         if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
             nb = jupytext.read(src)
-            nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+            nb.metadata.pop("jupytext", None)
+            nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY_NAME,
+                                         "language": "python"}
             atomic_write_text(dst, jupytext.writes(nb, fmt="ipynb"))
         out.append(dst)
     return out
 
 
-def notebook_parameters(ipynb: Path) -> set[str]:
-    import papermill
+def notebook_parameters(name: str) -> set[str]:
+    """The names the notebook's parameters cell defines (what papermill would inspect)."""
+    return set(notebook_defaults(name, NOTEBOOK_DIR))
 
-    return set(papermill.inspect_notebook(str(ipynb)))
 
+def install_kernel(scripted: bool = True) -> None:
+    """A kernelspec for *this* Python under runs/jupyter, found through JUPYTER_PATH (the notebooks name it).
 
-def install_kernel() -> None:
-    """A kernelspec for *this* Python under runs/jupyter, found through JUPYTER_PATH."""
+    scripted: the kernels draw figures without a display (MPLBACKEND=agg, unless set); JupyterLab's kernels
+    keep matplotlib's own (inline) backend, so a user's plt.show() shows the figure.
+    """
     kernel_dir = ROOT / "runs" / "jupyter" / "kernels" / KERNEL_NAME
     kernel_dir.mkdir(parents=True, exist_ok=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "specrepro (this venv)", "language": "python"}
+            "display_name": KERNEL_DISPLAY_NAME, "language": "python"}
     # atomic: a second run starting at the same moment must never read a half-written kernel.json
     atomic_write_text(kernel_dir / "kernel.json", json.dumps(spec, indent=1))
     paths = [str(ROOT / "runs" / "jupyter")] + [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
     os.environ["JUPYTER_PATH"] = os.pathsep.join(dict.fromkeys(paths))
     # the kernel imports this checkout's specrepro, and draws figures without a display
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
-    os.environ.setdefault("MPLBACKEND", "agg")
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    if scripted:
+        os.environ.setdefault("MPLBACKEND", "agg")
 
 
 def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tuple[str, dict]]:
@@ -154,21 +167,15 @@ def plan(profile: str, only=None, overrides=None, output_root=None) -> list[tupl
             dirs = {"out_dir": str(root / "figures"), "results_dir": str(root / "results")}
         params = {"profile": notebook_profile(profile), **dirs, **per_notebook[name], **(overrides or {})}
         try:
-            check_params(params, notebook_parameters(NOTEBOOK_DIR / f"{name}.ipynb"))
+            check_params(params, notebook_parameters(name))
         except ValueError as err:
             where = "--set" if set(overrides or {}) - set(per_notebook[name]) else f"notebooks/params/{profile}.yaml"
             raise SystemExit(f"{where}, notebook {name}: {err}") from None
-        # results are keyed by the settings: a changed parameter (dtype, K, a draft...) never resumes from
-        # items made under the old ones, while an interrupted run with the same settings does
-        # and by the code: items made by another version of specrepro/ are never reused
-        settings = {k: v for k, v in params.items() if k not in ("results_dir", "out_dir")}
-        settings["code"] = code_digest()
-        # and by the trained drafts the notebook names: a retrained or newly shipped draft recomputes its items
-        named = set(re.findall(r"[a-z]+", json.dumps([params.get("draft"), params.get("drafts")])))
-        if named & set(KINDS):
-            settings["drafts_trained"] = artifacts_digest(named)
-        key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-        params["results_dir"] = str(Path(params["results_dir"]) / f"{name}-{key}")
+        # results are keyed by the effective settings (the notebook's defaults with these parameters over
+        # them), the code and the trained drafts it names: the rule the notebook itself applies
+        # (records.results_folder), so nbval, papermill and JupyterLab runs share it
+        params["results_dir"] = results_folder(name, {**notebook_defaults(name, NOTEBOOK_DIR), **params},
+                                               NOTEBOOK_DIR)
         jobs.append((name, params))
     return jobs
 
@@ -212,7 +219,7 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
             start = time.time()
             try:
                 papermill.execute_notebook(
-                    str(NOTEBOOK_DIR / f"{name}.ipynb"), str(output), parameters=params, kernel_name=KERNEL_NAME,
+                    str(SYNC_DIR / f"{name}.ipynb"), str(output), parameters=params, kernel_name=KERNEL_NAME,
                     cwd=str(ROOT), execution_timeout=timeout, progress_bar=False, log_output=False,
                 )
             except papermill.PapermillExecutionError as err:
@@ -283,7 +290,7 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks, e.g. 01_losslessness")
     ap.add_argument("--figures-only", action="store_true", help="redraw figures from the saved numbers, run nothing")
     ap.add_argument("--force", action="store_true", help="rerun notebooks that already finished")
-    ap.add_argument("--sync", action="store_true", help="only write notebooks/*.ipynb from the jupytext .py files")
+    ap.add_argument("--sync", action="store_true", help="only write runs/notebooks/*.ipynb from the jupytext .py files (nbval's input)")
     ap.add_argument("--cell-timeout", type=int, help="seconds a cell may run (default by profile)")
     ap.add_argument("--output-root", metavar="DIR", help="write figures, results and executed notebooks under DIR")
     ap.add_argument("--set", action="append", metavar="NAME=VALUE", dest="overrides",

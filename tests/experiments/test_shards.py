@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specrepro.experiments import reproduce
+from specrepro.experiments import records, reproduce
 from specrepro.experiments.results import ResultsFile, ShardComplete, code_digest, parse_shard, read_csv, shard_of
 
 # columns measured in wall time (and their confidence intervals): they differ between any two runs
@@ -57,7 +57,7 @@ def test_values_do_not_depend_on_the_order_items_were_done(tmp_path):
 
 def test_results_are_keyed_by_the_code(monkeypatch):
     base = dict(reproduce.plan("smoke", ["02_lookahead_sweep"]))["02_lookahead_sweep"]["results_dir"]
-    monkeypatch.setattr(reproduce, "code_digest", lambda: "changed-code")
+    monkeypatch.setattr(records, "code_digest", lambda: "changed-code")  # the key is records.results_key
     assert dict(reproduce.plan("smoke", ["02_lookahead_sweep"]))["02_lookahead_sweep"]["results_dir"] != base
     assert len(code_digest()) == 12
 
