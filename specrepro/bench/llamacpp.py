@@ -115,8 +115,14 @@ class LlamaCppPeer:
         self.vocab_size = self.llm.n_vocab()
 
     def logits(self) -> torch.Tensor:
-        """The last evaluated position's logits, float32 [V] (a view of llama.cpp's buffer: read it before the next eval)."""
-        return torch.from_numpy(self.llm.scores[self.llm.n_tokens - 1])
+        """The last evaluated position's logits, float32 [V] (a view of llama.cpp's buffer: read it before the next eval).
+
+        Read from the context (llama_get_logits_ith(-1)): without logits_all, Llama.eval no longer copies them
+        into Llama.scores."""
+        import numpy as np
+
+        ptr = self.llm._ctx.get_logits_ith(-1)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)))
 
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> dict:
@@ -154,8 +160,7 @@ class LlamaCppPeer:
         times = []
         block = [ids[-1]] * n
         for _ in range(reps + 1):
-            self.llm.n_tokens = len(ids)
-            self.llm._ctx.kv_cache_seq_rm(-1, len(ids), -1)
+            self.llm.n_tokens = len(ids)  # eval trims the cache past n_tokens (kv_cache_seq_rm) before decoding
             t = time.perf_counter()
             self.llm.eval(block)
             times.append(time.perf_counter() - t)

@@ -123,7 +123,8 @@ def test_peer_decodes_the_same_weights_as_our_runner(tmp_path):
     assert got["ids"] == want and got["tokens"] == 16 and got["seconds"] >= got["decode_seconds"] > 0
     peer.llm.reset()
     peer.llm.eval([int(t) for t in prompt])
-    torch.testing.assert_close(peer.logits(), first, atol=1e-3, rtol=1e-3)
+    # llama.cpp keeps its KV cache in F16 by default (what a user gets): keys and values rounded to F16
+    torch.testing.assert_close(peer.logits(), first, atol=2e-2, rtol=2e-2)
     # T = 1: our sampler over llama.cpp's logits, reproducible with the same seed
     a = peer.generate(prompt, 12, 1.0, torch.Generator().manual_seed(3))["ids"]
     b = peer.generate(prompt, 12, 1.0, torch.Generator().manual_seed(3))["ids"]
@@ -145,7 +146,7 @@ def test_a_file_without_the_qk_permutation_is_caught(tmp_path):
     peer = llamacpp.LlamaCppPeer(path, threads=1, n_ctx=128)
     peer.llm.eval([int(t) for t in prompt])
     first, _ = _ours_greedy(model, prompt, 1)
-    assert (peer.logits() - first).abs().max() > 1e-2
+    assert (peer.logits() - first).abs().max() > 0.2  # 10x the tolerance the right file is held to
 
 
 @needs_llamacpp
@@ -158,7 +159,7 @@ def test_conversions_hold_the_type_and_the_same_weights(tmp_path):
     for kind, tol in (("f16", 2e-2), ("bf16", 1e-1)):
         path = llamacpp.convert(src, kind, tmp_path / "conv")
         types = llamacpp.tensor_types(path)
-        assert types.get(kind.upper(), 0) >= 9 * 2 - 2, types  # the matrices; norms stay F32
+        assert types == {kind.upper(): 2 * 7 + 1, "F32": 2 * 2 + 1}, types  # the matrices and embedding; norms stay F32
         assert llamacpp.convert(src, kind, tmp_path / "conv") == path  # cached
         peer = llamacpp.LlamaCppPeer(path, threads=1, n_ctx=128)
         peer.llm.eval([int(t) for t in prompt])
