@@ -70,17 +70,17 @@ def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True
     return out
 
 
-RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "tuned")
+RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "frozen", "tuned")
 
 
 def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
     """"lean", "onednn@bfloat16", ... -> (kind, compute dtype); "hf" and "tuned" take no dtype."""
     kind, _, name = spec.partition("@")
     if kind not in RUNNER_KINDS:
-        raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled"
+        raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled/frozen"
                          "@float32 or @bfloat16")
     if name and (kind in ("hf", "tuned") or name not in ("float32", "bfloat16")):
-        raise ValueError(f"runner {spec!r}: only lean, onednn and compiled take @float32 or @bfloat16")
+        raise ValueError(f"runner {spec!r}: only lean, onednn, compiled and frozen take @float32 or @bfloat16")
     return kind, getattr(torch, name) if name else dtype
 
 
@@ -115,6 +115,10 @@ class Setup:
                 self.tuned = tune(target, draft, prompt=tune_prompt, temperature=0.0,
                                   threads=[torch.get_num_threads()])
                 self.targets[name] = self.tuned.target
+            elif kind == "frozen":  # the one-token step compiled with frozen weights; longer blocks on oneDNN
+                from ..engines.frozen import FrozenRunner
+
+                self.targets[name] = FrozenRunner(target, dtype=dt)
             else:
                 self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
                                                 backend="onednn" if kind == "onednn" else "eager")
@@ -350,7 +354,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="greedy,sample")
     ap.add_argument("--runners", default="hf,lean",
                     help="ours on: hf (HF model forward with its cache), lean, onednn (lean, oneDNN-prepacked linears), "
-                         "compiled (lean under torch.compile), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
+                         "compiled (lean under torch.compile), frozen (one-token step compiled by inductor with "
+                         "frozen weights, specrepro.engines.frozen), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
