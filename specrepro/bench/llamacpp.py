@@ -136,6 +136,7 @@ class LlamaCppPeer:
             raise ValueError(f"llama.cpp peer: {len(ids)} prompt + {max_new_tokens} new tokens exceed n_ctx {self.n_ctx}")
         config = None if temperature == 0 else SamplingConfig(temperature)
         out = []
+        self._prefix = None  # pass_ms's cached prefix is overwritten below
         start = time.perf_counter()
         self.llm.reset()  # n_tokens = 0: the next eval overwrites the cache from position 0
         self.llm.eval(ids)
@@ -155,8 +156,10 @@ class LlamaCppPeer:
     def pass_ms(self, prefix: torch.Tensor, n: int, reps: int = 5) -> float:
         """Median ms of one eval over n tokens after `prefix` is cached (llama.cpp's v(K) is pass_ms(K+1)/pass_ms(1))."""
         ids = [int(t) for t in prefix.view(-1).tolist()]
-        self.llm.reset()
-        self.llm.eval(ids)
+        if getattr(self, "_prefix", None) != ids:  # the prefix's cache is kept between calls: only the block is redone
+            self.llm.reset()
+            self.llm.eval(ids)
+            self._prefix = ids
         times = []
         block = [ids[-1]] * n
         for _ in range(reps + 1):

@@ -2,7 +2,8 @@
 
     python -m specrepro.bench.ops --threads 1,2 --context 300 --out figures/bench/ops-profile
 
-Per thread count: the unprofiled median ms of a one-token pass after `context` cached tokens, and the
+Per thread count: the unprofiled median ms of a one-token pass after `context` cached tokens (every runner
+and llama.cpp peer interleaved, pass by pass), and the
 profiler's self CPU time per op name per pass, grouped into what the pass does (linear layers, attention
 products, RoPE and elementwise, norms, cache writes, views and copies). The profiler adds its own cost per
 op, so the groups sum to more than the unprofiled pass: read them as shares. With --llamacpp, llama.cpp's
@@ -38,10 +39,10 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def one_token_ms(runner, context: int, reps: int = 30) -> float:
+def one_token_ms(runner, context: int, reps: int = 30, warmup: int = 3) -> float:
     """Median ms of runner.forward over one token after `context` cached tokens (rolled back each time)."""
     tok = torch.tensor([5])
-    for _ in range(3):
+    for _ in range(warmup):
         runner.rollback(context)
         runner.forward(tok)
     times = []
@@ -80,7 +81,8 @@ def main(argv=None) -> dict:
                     help="lean or onednn (LeanRunner's linear backend) or frozen (specrepro.engines.frozen) @ float32 "
                          "or bfloat16")
     ap.add_argument("--llamacpp", default="", help="also time llama.cpp's one-token pass of these GGUF kinds, e.g. q4_1,f16")
-    ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--passes", type=int, default=10, help="one-token passes under the profiler per runner")
+    ap.add_argument("--reps", type=int, default=20, help="interleaved unprofiled one-token passes per runner")
     ap.add_argument("--out", default="figures/bench/ops-profile")
     args = ap.parse_args(argv)
     from ..engines.lean import LeanRunner
@@ -112,16 +114,24 @@ def main(argv=None) -> dict:
     for n in threads:
         torch.set_num_threads(n)
         entry = {}
+        peers = {kind: llamacpp.LlamaCppPeer(llamacpp.peer_path(kind), threads=n, n_ctx=args.context + 64, name=kind)
+                 for kind in kinds}
         for spec, r in runners.items():
             r.reset()
             r.prefill(prefix)
             if getattr(r, "compile_seconds", 0) is None:  # compile (or load from inductor's cache) outside the timing
                 r.forward(torch.tensor([5]))
                 result.setdefault("compile_seconds", {})[spec] = r.compile_seconds
-            entry[spec] = dict(one_token_ms=one_token_ms(r, args.context), **profile_ops(r, args.context, args.passes))
-        for kind in kinds:
-            peer = llamacpp.LlamaCppPeer(llamacpp.peer_path(kind), threads=n, n_ctx=args.context + 64, name=kind)
-            entry[f"llamacpp:{kind}"] = {"one_token_ms": peer.pass_ms(prefix, 1, reps=30)}
+        # the one-token passes interleaved (ours and llama.cpp's), so that load from other work hits all alike
+        times: dict[str, list[float]] = {name: [] for name in [*runners, *(f"llamacpp:{k}" for k in peers)]}
+        for _ in range(args.reps):
+            for spec, r in runners.items():
+                times[spec].append(one_token_ms(r, args.context, reps=1, warmup=0))
+            for kind, peer in peers.items():
+                times[f"llamacpp:{kind}"].append(peer.pass_ms(prefix, 1, reps=1))
+        entry = {name: {"one_token_ms": statistics.median(t), "samples": len(t)} for name, t in times.items()}
+        for spec, r in runners.items():
+            entry[spec].update(profile_ops(r, args.context, args.passes))
         result["by_threads"][n] = entry
         for spec, e in entry.items():
             groups = " ".join(f"{g} {ms:.1f}" for g, ms in sorted(e.get("groups", {}).items(), key=lambda kv: -kv[1]))
