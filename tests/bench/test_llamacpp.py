@@ -186,7 +186,8 @@ def test_bench_times_the_peer_beside_ours_on_the_same_ids(tmp_path):
     for p in range(2):  # greedy: llama.cpp, our ArS and our SpS emit the same tokens per prompt
         assert len({tuple(r["ids"]) for r in greedy if r["prompt"] == p}) == 1
     line = next(h for h in result["headline"] if h["mode"] == "greedy")
-    assert line["ars_vs_llamacpp_f32"] > 0 and line["sps_vs_llamacpp_f32"] > 0
+    assert line["ars_vs_llamacpp_f32"] > 0 and line["sps_vs_llamacpp_f32"] > 0 and line["sps_decode_vs_llamacpp_f32"] > 0
+    assert rows["ours_sps/lean/greedy/K2"]["decode_speedup_vs_llamacpp"] > 0
     assert result["costs"]["llamacpp:f32"]["v"][2] > 0
     csv_path, _ = bench.write_results(result, tmp_path / "b")
     assert "speedup_vs_llamacpp" in csv_path.read_text().splitlines()[0]
