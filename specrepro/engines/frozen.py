@@ -13,7 +13,16 @@ Passes over more than one token (prompts, verification) stay on the eager lean b
 near-flat in the block length: only the one-token step changes, so v(K) = pass(K+1) / pass(1) rises by
 the factor the step gets faster (the bench reports both).
 
-Compiling takes minutes on a small CPU; inductor's FX graph cache (on disk, under TORCHINDUCTOR_CACHE_DIR,
+Measured (2-core AMD EPYC with avx512_bf16, torch 2.13, bfloat16, 1 thread, other jobs loading the cores,
+one-token passes after 300 cached tokens interleaved with the eager oneDNN lean runner,
+figures/bench/ops-profile-1t.json): 417 ms against 72 ms, i.e. this compiled step is 5.8x SLOWER here; at
+2 threads on the oversubscribed machine 11.8 s against 4.0 s. Almost all of it is inside the compiled
+graph's own code, not its oneDNN linears (49 ms): why inductor's output is slow for this graph on this CPU
+is not yet known. So it is an opt-in runner for measuring on other machines (`specrepro-bench --runners
+frozen@bfloat16`), not something sr.tune picks.
+
+Compiling takes minutes on a small CPU (628 s for the 30-layer SmolLM2 step at 2 threads on the loaded
+2-core machine; 103 s at 1 thread with part of it in the cache); inductor's FX graph cache (on disk, under TORCHINDUCTOR_CACHE_DIR,
 default /tmp/torchinductor_$USER) makes a later process with the same shapes load it in seconds.
 `FrozenRunner.compile_seconds` records what the first step cost.
 """
