@@ -24,6 +24,7 @@ from ..engines.costs import measure_cost_table
 from ..drafts.base import ModelDraft
 from ..drafts.lookup import LookupDraft
 from ..engines.lean import LeanRunner, is_llama_like, set_threads
+from . import llamacpp
 from .profiling import profile_sps
 from ..engines.runners import HFRunner, input_device, split_reason
 from ..engines.machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
@@ -35,10 +36,10 @@ from ..experiments.workloads import builtin_prompts, load_draft, task_prompts
 
 @dataclass(frozen=True)
 class Config:
-    """One timed configuration. impl: ours_ars, ours_sps, hf_generate, hf_assisted."""
+    """One timed configuration. impl: ours_ars, ours_sps, hf_generate, hf_assisted, llamacpp (a peer's plain decoding)."""
 
     impl: str
-    runner: str  # ours: "hf", "lean" or "compiled" (lean under torch.compile); "hf" for HF generate
+    runner: str  # ours: "hf", "lean" or "compiled" (lean under torch.compile); "hf" for HF generate; llamacpp: the peer
     k: int  # lookahead; 0 for ArS
     mode: str  # "greedy" or "sample"
     schedule: str = ""  # HF assisted: "constant" or "heuristic"; ours: "adaptive", or "tree<spec>" (k = depth)
@@ -49,11 +50,13 @@ class Config:
 
 
 def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True, sps=True,
-                 adaptive: bool = False, hf_schedules=("constant", "heuristic"), trees=()) -> list[Config]:
+                 adaptive: bool = False, hf_schedules=("constant", "heuristic"), trees=(), peers=()) -> list[Config]:
     """Every configuration of one run. adaptive: also our SpS with the confidence stop at K = max(ks);
-    trees: also our SpS verifying each of these TreeSpecs per target call."""
+    trees: also our SpS verifying each of these TreeSpecs per target call; peers: llama.cpp's plain decoding
+    of these GGUF kinds (specrepro.bench.llamacpp)."""
     out = []
     for mode in modes:
+        out += [Config("llamacpp", p, 0, mode) for p in peers]
         out += [Config("ours_ars", r, 0, mode) for r in runners]
         if sps:
             out += [Config("ours_sps", r, k, mode) for r in runners for k in ks]
@@ -67,17 +70,17 @@ def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True
     return out
 
 
-RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "tuned")
+RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "frozen", "tuned")
 
 
 def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
     """"lean", "onednn@bfloat16", ... -> (kind, compute dtype); "hf" and "tuned" take no dtype."""
     kind, _, name = spec.partition("@")
     if kind not in RUNNER_KINDS:
-        raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled"
+        raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled/frozen"
                          "@float32 or @bfloat16")
     if name and (kind in ("hf", "tuned") or name not in ("float32", "bfloat16")):
-        raise ValueError(f"runner {spec!r}: only lean, onednn and compiled take @float32 or @bfloat16")
+        raise ValueError(f"runner {spec!r}: only lean, onednn, compiled and frozen take @float32 or @bfloat16")
     return kind, getattr(torch, name) if name else dtype
 
 
@@ -94,11 +97,12 @@ class Setup:
     """
 
     def __init__(self, target, draft=None, dtype=torch.float32, adaptive_threshold: float = 0.4,
-                 runners=("hf", "lean"), tune_prompt: torch.Tensor | None = None):
+                 runners=("hf", "lean"), tune_prompt: torch.Tensor | None = None, peers: dict | None = None):
         if isinstance(draft, ModelDraft) and isinstance(draft.model, torch.nn.Module):
             draft = draft.model  # a trained small draft: its plain model, so every runner can take it
         specs = {r: parse_runner(r, dtype) for r in runners}
         self.target, self.draft = target, draft
+        self.peers = dict(peers or {})  # llama.cpp peers by kind: specrepro.bench.llamacpp.LlamaCppPeer
         self.draft_is_model = isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings")
         self.draft_is_lookup = isinstance(draft, LookupDraft)
         lean_draft_ok = self.draft_is_model and is_llama_like(draft)
@@ -111,6 +115,10 @@ class Setup:
                 self.tuned = tune(target, draft, prompt=tune_prompt, temperature=0.0,
                                   threads=[torch.get_num_threads()])
                 self.targets[name] = self.tuned.target
+            elif kind == "frozen":  # the one-token step compiled with frozen weights; longer blocks on oneDNN
+                from ..engines.frozen import FrozenRunner
+
+                self.targets[name] = FrozenRunner(target, dtype=dt)
             else:
                 self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
                                                 backend="onednn" if kind == "onednn" else "eager")
@@ -141,6 +149,9 @@ def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: 
     """Generate max_new_tokens (EOS ignored) with one configuration; wall time includes the prompt pass."""
     temperature = 0.0 if cfg.mode == "greedy" else 1.0
     generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    if cfg.impl == "llamacpp":
+        rec = setup.peers[cfg.runner].generate(prompt, max_new_tokens, temperature, generator)
+        return dict(rec, accepted=0, proposed=0, target_calls=rec["tokens"])
     target = setup.target if cfg.runner == "hf" else setup.targets[cfg.runner]
     start = time.perf_counter()
     if cfg.impl == "ours_ars":
@@ -227,17 +238,20 @@ def bench(
     adaptive_threshold: float = 0.4,
     setup: Setup | None = None,
     trees=(),
+    peers: dict | None = None,
 ) -> dict:
     """Run every configuration on every prompt `reps` times, interleaved. Returns {"rows", "summary", "costs"}.
 
     adaptive: also our SpS at K = max(ks) with the draft's confidence stop (model drafts only).
     setup: prebuilt runners for this target and draft (else built here from dtype, adaptive_threshold, runners).
+    peers: {kind: specrepro.bench.llamacpp.LlamaCppPeer} timed beside ours (when setup is not given).
     """
-    setup = setup or Setup(target, draft, dtype, adaptive_threshold, runners)
+    setup = setup or Setup(target, draft, dtype, adaptive_threshold, runners, peers=peers)
     if configs is None:
         schedules = ("lookup",) if setup.draft_is_lookup else ("constant", "heuristic")
         configs = make_configs(ks, modes, runners, hf=hf, sps=draft is not None,
-                               adaptive=adaptive and bool(setup.adaptive), hf_schedules=schedules, trees=trees)
+                               adaptive=adaptive and bool(setup.adaptive), hf_schedules=schedules, trees=trees,
+                               peers=tuple(setup.peers))
         if not setup.hf_twin:  # HF assisted generation needs a model (or prompt lookup) as the assistant
             configs = [c for c in configs if c.impl != "hf_assisted"]
     rows = []
@@ -258,6 +272,8 @@ def bench(
                 if progress:
                     print(f"rep {rep} prompt {pi} {cfg.name:38s} {rec['ms_per_token']:8.1f} ms/token", flush=True)
     costs = measure_costs(setup, prompts[0], list(ks), reps=max(3, reps), trees=trees)
+    for kind, peer in setup.peers.items():  # llama.cpp's pass costs on the same prefix: its v(K)
+        costs[f"llamacpp:{kind}"] = peer.costs(prompts[0], list(ks), reps=max(3, reps))
     machine = memory_floor_probe(setup, costs)
     summary = summarise(rows, costs)
     return {"rows": rows, "summary": summary, "costs": costs, "headline": headline(rows, summary), "machine": machine}
@@ -338,7 +354,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="greedy,sample")
     ap.add_argument("--runners", default="hf,lean",
                     help="ours on: hf (HF model forward with its cache), lean, onednn (lean, oneDNN-prepacked linears), "
-                         "compiled (lean under torch.compile), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
+                         "compiled (lean under torch.compile), frozen (one-token step compiled by inductor with "
+                         "frozen weights, specrepro.engines.frozen), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
@@ -348,6 +365,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--trees", default="", help="also our SpS with token trees, e.g. 3x4,4x8/32 (WIDTHxDEPTH[/NODES])")
     ap.add_argument("--adaptive", type=float, default=None, metavar="THRESHOLD",
                     help="also run our SpS at K = max(--ks) stopping the draft below this confidence (model drafts)")
+    ap.add_argument("--llamacpp", default="", metavar="KINDS",
+                    help="also time llama.cpp's plain decoding (pip install 'specrepro[llamacpp]') of the shipped GGUF "
+                         "and/or conversions of it, e.g. q4_1,f16 (kinds: q4_1, f16, bf16, f32)")
     ap.add_argument("--out", default="figures/bench")
     args = ap.parse_args(argv)
 
@@ -368,6 +388,14 @@ def main(argv=None) -> dict:
         trees = [parse_tree(t) for t in args.trees.split(",") if t.strip()]
     except ValueError as err:
         ap.error(str(err))
+    try:
+        peer_kinds = llamacpp.check_peers(args.llamacpp.split(","))
+    except ValueError as err:
+        ap.error(str(err))
+    if peer_kinds and llamacpp.unavailable_reason():
+        ap.error(f"--llamacpp: {llamacpp.unavailable_reason()}")
+    if peer_kinds and args.target != "smollm2-135m-instruct":
+        ap.error("--llamacpp times the shipped SmolLM2 GGUF: use it with the default --target")
     threads = set_threads(args.threads)
     target, tokenizer = load_model(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, dtype) if args.draft else None
@@ -375,7 +403,9 @@ def main(argv=None) -> dict:
                                             if args.prompts in ("news-eval", "humaneval")
                                             else builtin_prompts(args.prompts, tokenizer, args.n_prompts))]
     # one set of runners for the timed runs and the profile (a second would rebuild, and recompile, them)
-    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners, prompts[0])
+    n_ctx = max(int(p.shape[0]) for p in prompts) + args.max_new_tokens + 64
+    peers = {k: llamacpp.LlamaCppPeer(llamacpp.peer_path(k), threads, n_ctx, name=k) for k in peer_kinds}
+    setup = Setup(target, draft, dtype, 0.4 if args.adaptive is None else args.adaptive, runners, prompts[0], peers)
     if setup.tuned is not None:
         print(f"tuned: {setup.tuned.report['name']}, K = {setup.tuned.lookahead} ({setup.tuned.report['why']})")
         ks = sorted(set(ks) | {setup.tuned.lookahead})
@@ -385,6 +415,12 @@ def main(argv=None) -> dict:
         setup=setup, trees=trees,
     )
     meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    if peers:
+        import llama_cpp
+
+        meta["llamacpp"] = {"version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode(),
+                            "files": {k: {"name": p.path.name, "tensor_types": llamacpp.tensor_types(p.path)}
+                                      for k, p in peers.items()}}
     write_results(result, args.out, meta)  # written now and again with the profile: a crash keeps the numbers
     if args.profile and draft is not None:
         result["profile"] = {}

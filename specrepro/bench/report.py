@@ -24,6 +24,10 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
     per = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
     # ours vs ours: decode time only (the prompt pass, equal for both, would pull ratios toward 1)
     per_decode = {(r["name"], r["rep"], r["prompt"]): r["decode_ms_per_token"] for r in rows if "decode_ms_per_token" in r}
+    peer_names = {}
+    for r in rows:  # the first llama.cpp peer run per mode is the reference of speedup_vs_llamacpp
+        if r["impl"] == "llamacpp":
+            peer_names.setdefault(r["mode"], r["name"])
     out = []
     for name, rs in by.items():
         first = rs[0]
@@ -42,6 +46,11 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
                 statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
             ),
             ratio_to_ours_ars_hf=ratio(config_name("ours_ars", "hf", mode)),
+            # > 1: faster than llama.cpp's plain decoding of the first peer file (--llamacpp's first kind)
+            speedup_vs_llamacpp=ratio(peer_names[mode]) if peer_names.get(mode) else None,
+            # the same on the decode loops alone (prompt pass excluded: llama.cpp's is slower than ours)
+            decode_speedup_vs_llamacpp=(ratio(peer_names[mode], per_decode, "decode_ms_per_token")
+                                        if peer_names.get(mode) and "decode_ms_per_token" in first else None),
             speedup_vs_same_runner_ars=(
                 ratio(config_name("ours_ars", runner, mode), per_decode, "decode_ms_per_token")
                 if first["impl"].startswith("ours") else None
@@ -75,13 +84,14 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
 
 COLUMNS = [
     "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
-    "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
+    "ratio_to_ours_ars_hf", "speedup_vs_llamacpp", "decode_speedup_vs_llamacpp", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
     "predicted", "measured_over_predicted", "bound", "measured_over_bound",
 ]
 
-def paired_speedup(rows: list[dict], name: str, reference: str) -> float | None:
-    """Median over (repetition, prompt) of reference ms/token / name ms/token: > 1 means `name` is faster."""
-    ms = {(r["name"], r["rep"], r["prompt"]): r["ms_per_token"] for r in rows}
+def paired_speedup(rows: list[dict], name: str, reference: str, key: str = "ms_per_token") -> float | None:
+    """Median over (repetition, prompt) of reference ms/token / name ms/token: > 1 means `name` is faster.
+    key: "ms_per_token" (whole generations) or "decode_ms_per_token" (the decode loops, prompt pass excluded)."""
+    ms = {(r["name"], r["rep"], r["prompt"]): r[key] for r in rows if r.get(key) is not None}
     pairs = [ms[(reference, rep, pr)] / v for (n, rep, pr), v in ms.items() if n == name and (reference, rep, pr) in ms]
     return statistics.median(pairs) if pairs else None
 
@@ -109,6 +119,12 @@ def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
             line.update(best_chain=best_chain["name"], best_tree=best_tree["name"],
                         tree_vs_chain=paired_speedup(rows, best_tree["name"], best_chain["name"]),
                         tree_tau_over_chain_tau=max(r["tau"] for r in trees) / max(r["tau"] for r in chains))
+        for peer in (r for r in mine if r["impl"] == "llamacpp"):  # > 1: ours faster than llama.cpp's plain decoding
+            for label, mine_row in (("ars", ars), ("sps", sps)):
+                if mine_row:
+                    line[f"{label}_vs_llamacpp_{peer['runner']}"] = paired_speedup(rows, mine_row["name"], peer["name"])
+                    line[f"{label}_decode_vs_llamacpp_{peer['runner']}"] = paired_speedup(
+                        rows, mine_row["name"], peer["name"], key="decode_ms_per_token")
         if ars and gen:
             line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])
         if sps and ars:  # what a user would pick: the fastest SpS against the fastest ArS, any runner each
@@ -132,9 +148,10 @@ def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
     return out
 
 def format_table(summary: list[dict]) -> str:
-    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x same-ArS", "a", "tau", "c", "v(K)", "pred",
+    head = ["config", "ms/tok", "tok/s", "decode ms", "x ours-ArS", "x llama.cpp", "dec x l.cpp", "x same-ArS", "a", "tau", "c", "v(K)", "pred",
             "meas/pred", "bound", "meas/bnd"]
-    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_same_runner_ars",
+    keys = ["ms_per_token", "tokens_per_s", "decode_ms_per_token", "ratio_to_ours_ars_hf", "speedup_vs_llamacpp",
+            "decode_speedup_vs_llamacpp", "speedup_vs_same_runner_ars",
             "a", "tau", "c", "v", "predicted", "measured_over_predicted", "bound", "measured_over_bound"]
     lines = [f"{head[0]:40s}" + "".join(f"{h:>11s}" for h in head[1:])]
     for row in summary:

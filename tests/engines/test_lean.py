@@ -272,3 +272,89 @@ def test_prefill_caches_like_forward():
     a.prefill(ids[:9])
     assert a.length == 9 and a.hidden.shape == (9, 32)
     torch.testing.assert_close(a.forward(ids[9:]), b.forward(ids)[9:], atol=1e-5, rtol=1e-5)
+
+
+# ---- FrozenRunner: the one-token step compiled by inductor with frozen weights (specrepro.engines.frozen)
+# Compiling takes a minute or two on a 2-core CPU: one runner per dtype, reused by every check below.
+
+@pytest.fixture(scope="module")
+def frozen_pair():
+    from specrepro.engines.frozen import FrozenRunner
+
+    model = llama(3, vocab=64, tied=True)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        out[dtype] = (LeanRunner(model, dtype=dtype, capacity=8), FrozenRunner(model, dtype=dtype, capacity=8))
+    return model, out
+
+
+def _steps(runner, ids, n, rollback_at=None):
+    """Prompt, then n greedy one-token steps; at step rollback_at, roll back 3 positions first."""
+    runner.reset()
+    logits = runner.forward(ids)[-1]
+    rows, toks = [], []
+    for i in range(n):
+        if i == rollback_at:
+            runner.rollback(runner.length - 3)
+        tok = int(torch.argmax(logits))
+        toks.append(tok)
+        logits = runner.forward(torch.tensor([tok]))[-1]
+        rows.append(logits)
+    return torch.stack(rows), toks
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_frozen_one_token_step_matches_the_eager_runner(frozen_pair, dtype, tol):
+    """Every one-token pass within the dtype's round-off of the eager runner; greedy tokens equal; the cache
+    grows past its capacity (a recompile) and a rollback leaves stale slots the mask must hide."""
+    import warnings
+
+    _, pairs = frozen_pair
+    lean, frozen = pairs[dtype]
+    ids = torch.tensor([0, 5, 9, 33, 2, 17])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback to eager
+        got, got_toks = _steps(frozen, ids, 14, rollback_at=7)
+    want, want_toks = _steps(lean, ids, 14, rollback_at=7)
+    assert frozen.capacity > 8 and frozen.compile_seconds is not None and not frozen._failed
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    if dtype == torch.float32:
+        assert got_toks == want_toks
+
+
+def test_frozen_step_hides_stale_slots_after_rollback(frozen_pair):
+    """The deliberately wrong case the mask guards: stale keys after a rollback change the logits if read."""
+    model, pairs = frozen_pair
+    _, frozen = pairs[torch.float32]
+    fresh = LeanRunner(model, dtype=torch.float32)
+    frozen.reset()
+    frozen.forward(torch.tensor([0, 5, 9, 33, 2, 17, 40, 41]))
+    frozen.rollback(5)
+    got = frozen.forward(torch.tensor([12]))
+    fresh.forward(torch.tensor([0, 5, 9, 33, 2]))
+    want = fresh.forward(torch.tensor([12]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # the same step with the stale slots visible (all 9 cached positions): clearly different logits
+    fresh.reset()
+    fresh.forward(torch.tensor([0, 5, 9, 33, 2, 17, 40, 41]))
+    assert (fresh.forward(torch.tensor([12])) - want).abs().max() > 1e-3
+
+
+def test_greedy_sps_with_a_frozen_target_equals_ars(frozen_pair):
+    from specrepro.drafts.lookup import LookupDraft
+
+    _, pairs = frozen_pair
+    lean, frozen = pairs[torch.float32]
+    ids = torch.tensor([0, 5, 9, 33, 5, 9, 33, 5])
+    ars = sr.autoregressive_generate(lean, ids, 12, temperature=0)
+    sps = sr.speculative_generate(frozen, LookupDraft(64), ids, 12, lookahead=3, temperature=0)
+    assert torch.equal(ars.tokens, sps.tokens)
+
+
+def test_frozen_runner_refuses_bias_projections():
+    from specrepro.engines.frozen import FrozenRunner
+
+    model = llama(0)
+    model.model.layers[0].self_attn.q_proj.bias = torch.nn.Parameter(torch.zeros(32))
+    with pytest.raises(TypeError, match="bias-free"):
+        FrozenRunner(model)

@@ -1,0 +1,144 @@
+"""Where a one-token pass of the lean runner goes, per op (torch.profiler), at each thread count.
+
+    python -m specrepro.bench.ops --threads 1,2 --context 300 --out figures/bench/ops-profile
+
+Per thread count: the unprofiled median ms of a one-token pass after `context` cached tokens (every runner
+and llama.cpp peer interleaved, pass by pass), and the
+profiler's self CPU time per op name per pass, grouped into what the pass does (linear layers, attention
+products, RoPE and elementwise, norms, cache writes, views and copies). The profiler adds its own cost per
+op, so the groups sum to more than the unprofiled pass: read them as shares. With --llamacpp, llama.cpp's
+one-token pass over the same GGUF kinds at the same context is timed beside (its ops are not visible here).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+# op name -> group; anything else is "other"
+GROUPS = {
+    "linear": ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "mkldnn::_linear"),
+    "attention": ("aten::bmm", "aten::_softmax", "aten::masked_fill", "aten::_scaled_dot_product"),
+    "elementwise": ("aten::mul", "aten::add", "aten::neg", "aten::silu", "aten::cat", "aten::sub"),
+    "norm": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt", "aten::sum",
+             "aten::div_"),
+    "copy": ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::index"),
+    "views": ("aten::slice", "aten::view", "aten::reshape", "aten::transpose", "aten::expand", "aten::as_strided",
+              "aten::select", "aten::narrow", "aten::split", "aten::unsqueeze", "aten::t", "aten::_unsafe_view",
+              "aten::empty_strided", "aten::empty", "aten::to", "aten::embedding"),
+}
+
+
+def group_of(name: str) -> str:
+    for group, names in GROUPS.items():
+        if any(name.startswith(n) for n in names):
+            return group
+    return "other"
+
+
+def one_token_ms(runner, context: int, reps: int = 30, warmup: int = 3) -> float:
+    """Median ms of runner.forward over one token after `context` cached tokens (rolled back each time)."""
+    tok = torch.tensor([5])
+    for _ in range(warmup):
+        runner.rollback(context)
+        runner.forward(tok)
+    times = []
+    for _ in range(reps):
+        runner.rollback(context)
+        t = time.perf_counter()
+        runner.forward(tok)
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def profile_ops(runner, context: int, passes: int = 10) -> dict:
+    """{op name: self CPU ms per one-token pass} and the same per group, under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tok = torch.tensor([5])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(passes):
+            runner.rollback(context)
+            runner.forward(tok)
+    ops = {e.key: dict(ms=e.self_cpu_time_total / 1e3 / passes, calls=e.count / passes)
+           for e in prof.key_averages() if e.self_cpu_time_total > 0}
+    groups: dict[str, float] = {}
+    for name, v in ops.items():
+        groups[group_of(name)] = groups.get(group_of(name), 0.0) + v["ms"]
+    return {"ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]["ms"])), "groups": groups,
+            "profiled_ms": sum(groups.values())}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m specrepro.bench.ops", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--runners", default="onednn@bfloat16,lean@bfloat16,onednn@float32",
+                    help="lean or onednn (LeanRunner's linear backend) or frozen (specrepro.engines.frozen) @ float32 "
+                         "or bfloat16")
+    ap.add_argument("--llamacpp", default="", help="also time llama.cpp's one-token pass of these GGUF kinds, e.g. q4_1,f16")
+    ap.add_argument("--passes", type=int, default=10, help="one-token passes under the profiler per runner")
+    ap.add_argument("--reps", type=int, default=20, help="interleaved unprofiled one-token passes per runner")
+    ap.add_argument("--out", default="figures/bench/ops-profile")
+    args = ap.parse_args(argv)
+    from ..engines.lean import LeanRunner
+    from ..engines.machine import cpu_info, describe_cpu
+    from ..files import write_json
+    from ..models import load_model
+    from . import llamacpp
+
+    if args.context < 1:
+        ap.error(f"--context must be >= 1, got {args.context}")
+    threads = [int(t) for t in args.threads.split(",")]
+    kinds = llamacpp.check_peers(args.llamacpp.split(","))
+    model, _ = load_model("smollm2-135m-instruct")
+    prefix = torch.randint(0, model.config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0))
+    runners = {}
+    for spec in args.runners.split(","):
+        kind, _, dtype = spec.partition("@")
+        if kind not in ("lean", "onednn", "frozen") or dtype not in ("float32", "bfloat16"):
+            ap.error(f"--runners: {spec!r} is not lean|onednn|frozen@float32|bfloat16")
+        if kind == "frozen":  # the compiled one-token step (specrepro.engines.frozen); compiled on first use
+            from ..engines.frozen import FrozenRunner
+
+            runners[spec] = FrozenRunner(model, dtype=getattr(torch, dtype), capacity=args.context + 8)
+            continue
+        runners[spec] = LeanRunner(model, dtype=getattr(torch, dtype), backend="eager" if kind == "lean" else "onednn",
+                                   capacity=args.context + 8)
+    result = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "context": args.context, "torch": torch.__version__,
+              "by_threads": {}}
+    for n in threads:
+        torch.set_num_threads(n)
+        entry = {}
+        peers = {kind: llamacpp.LlamaCppPeer(llamacpp.peer_path(kind), threads=n, n_ctx=args.context + 64, name=kind)
+                 for kind in kinds}
+        for spec, r in runners.items():
+            r.reset()
+            r.prefill(prefix)
+            if getattr(r, "compile_seconds", 0) is None:  # compile (or load from inductor's cache) outside the timing
+                r.forward(torch.tensor([5]))
+                result.setdefault("compile_seconds", {})[spec] = r.compile_seconds
+        # the one-token passes interleaved (ours and llama.cpp's), so that load from other work hits all alike
+        times: dict[str, list[float]] = {name: [] for name in [*runners, *(f"llamacpp:{k}" for k in peers)]}
+        for _ in range(args.reps):
+            for spec, r in runners.items():
+                times[spec].append(one_token_ms(r, args.context, reps=1, warmup=0))
+            for kind, peer in peers.items():
+                times[f"llamacpp:{kind}"].append(peer.pass_ms(prefix, 1, reps=1))
+        entry = {name: {"one_token_ms": statistics.median(t), "samples": len(t)} for name, t in times.items()}
+        for spec, r in runners.items():
+            entry[spec].update(profile_ops(r, args.context, args.passes))
+        result["by_threads"][n] = entry
+        for spec, e in entry.items():
+            groups = " ".join(f"{g} {ms:.1f}" for g, ms in sorted(e.get("groups", {}).items(), key=lambda kv: -kv[1]))
+            print(f"{n} thread(s) {spec:22s} {e['one_token_ms']:6.1f} ms/pass   profiled: {groups}", flush=True)
+    write_json(f"{args.out}.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The per-op profile of a one-token pass (specrepro.bench.ops) on a tiny model: shapes of the result only."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrepro.bench import ops
+from specrepro.engines.lean import LeanRunner
+
+
+def test_profile_groups_every_op_of_a_one_token_pass():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128)
+    runner = LeanRunner(LlamaForCausalLM(config).eval(), dtype=torch.float32)
+    runner.prefill(torch.arange(20) % 64)
+    out = ops.profile_ops(runner, 20, passes=3)
+    assert out["groups"]["linear"] > 0 and out["groups"]["attention"] > 0
+    assert out["profiled_ms"] == pytest.approx(sum(v["ms"] for v in out["ops"].values()))
+    # 2 layers x (q/k/v, o, gate/up, down) + the LM head, each pass: 7 x 2 + 1 = 15 F.linear calls (eager)
+    assert out["ops"]["aten::linear"]["calls"] == 15
+    assert runner.length == 21 and ops.one_token_ms(runner, 20, reps=3) > 0
+    assert ops.group_of("aten::bmm") == "attention" and ops.group_of("aten::something_new") == "other"
+
+
+def test_bad_context_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        ops.main(["--context", "0"])
+    assert "--context must be >= 1" in capsys.readouterr().err
