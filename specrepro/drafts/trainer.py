@@ -133,6 +133,13 @@ LOSSES = {"small": small.small_loss, "seqkd": small.small_loss, "feature": featu
           "heads": heads.heads_loss}
 
 
+def draft_device(target) -> torch.device:
+    """Where a draft for `target` runs: the device of the target's input ids (its embedding's)."""
+    from ..engines.runners import input_device
+
+    return input_device(target)
+
+
 def make_draft(kind: str, net, target):
     if kind in ("small", "seqkd"):
         return small.SmallDraft(net.eval())
@@ -357,12 +364,13 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     try:
         if kind in ("small", "seqkd") and (path / "model").is_dir():  # trained by trainer.train
-            return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").to(dtype).eval())
+            model = LlamaForCausalLM.from_pretrained(path / "model")
+            return small.SmallDraft(model.to(device=draft_device(target), dtype=dtype).eval())
         weights = load_file(str(path / "net.safetensors"))  # exported by longrun (shipped artifacts)
         keep = weights["keep"] if "keep" in weights and weights["keep"].numel() else None
         net = build_net(kind, target, cfg, keep)
         load_weights(net, weights)
-        net.to(dtype)
+        net.to(device=draft_device(target), dtype=dtype)  # beside the target: no per-step copies
         if isinstance(net, feature.FrozenTargetParts):
             net.attach(target, dtype)  # the borrowed embedding and head in the draft's dtype too
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file

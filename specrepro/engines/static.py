@@ -156,7 +156,7 @@ class StaticRunner(LeanRunner):
         step["ids"][:n].copy_(ids)
         step["ids"][n:].zero_()
         slots = step["slots"]
-        torch.arange(start, start + b, out=slots)
+        torch.arange(start, start + b, out=slots, device=self.device)
         slots[n:] = self.capacity  # padding: the scratch slot
         step["positions"].copy_(slots)
         step["positions"][n:] = 0
@@ -180,7 +180,7 @@ class StaticRunner(LeanRunner):
         step["ids"][n:].zero_()
         step["positions"][:n].copy_(positions.view(-1))
         step["positions"][n:].zero_()
-        torch.arange(start, start + b, out=step["slots"])
+        torch.arange(start, start + b, out=step["slots"], device=self.device)
         step["slots"][n:] = self.capacity
         step["mask"].zero_()
         step["mask"][:n, :end].copy_(mask)
