@@ -230,3 +230,27 @@ def test_tree_sampled_joint_with_static_runners(tiny_pair):
         bad, _, _ = fit(t, d, *args, seed=703, model=target)
     print(bad)
     assert bad.pvalue < ALPHA, bad
+
+
+def test_tune_measures_a_static_candidate_after_its_warmup():
+    """sr.tune's plumbing for graph candidates (on a GPU: graphs cuda / compile), run here with graphs none:
+    the runner is built, warmed over every measured size, timed, and its capture time reported."""
+    from specrepro.engines import tuning
+
+    model = llama()
+    cand = tuning.Candidate("float32", "eager", 1, graphs="none")
+    assert cand.name == "float32/eager/1t/graphs-none"
+    runner = tuning.build_runner(model, cand)
+    assert isinstance(runner, StaticRunner) and runner.graphs == "none"
+    measured = tuning.measure_candidates(model, None, [cand, tuning.Candidate("float32", "eager", 1)], 4, reps=1)
+    assert measured["costs"][cand.name]["capture_seconds"] == 0.0
+    assert set(measured["costs"][cand.name]["target_ms"]) == {1, 2, 3, 4, 5}
+    assert tuning.candidate_settings(model, ["float32"], ["eager"], [1, 2], False) == [
+        tuning.Candidate("float32", "eager", 1), tuning.Candidate("float32", "eager", 2)]  # no graphs on a CPU
+
+
+def test_model_drafts_keep_the_hf_runner_off_cuda():
+    from specrepro.drafts.base import default_runner
+    from specrepro.engines.runners import HFRunner
+
+    assert isinstance(default_runner(llama()), HFRunner)  # on CUDA: a StaticRunner (tests/engines/test_devices.py)
