@@ -80,7 +80,7 @@ def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
     # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
     inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.std()
     t = inp.shape[1]
-    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t))
+    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t, device=inp.device))
     reg = F.smooth_l1_loss(f, h[:, 1:])
     logp = net.logits(f).float().log_softmax(-1).flatten(0, 1)
     ids, p, rest = batch["top_ids"][:, 1:], batch["top_p"][:, 1:], batch["rest"][:, 1:]

@@ -147,7 +147,7 @@ def make_draft(kind: str, net, target):
 
 
 def trainable_state(net) -> dict:
-    return {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    return {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
 
 
 def tied_head(net) -> set[str]:
@@ -182,7 +182,7 @@ def resume(ckpt: Path, net, opt, gen: torch.Generator) -> dict | None:
     if not ckpt.exists():
         return None
     try:
-        saved = torch.load(ckpt, weights_only=False)
+        saved = torch.load(ckpt, weights_only=False, map_location=next(net.parameters()).device)
         shapes = lambda state: {k: tuple(v.shape) for k, v in state.items()}  # noqa: E731
         if shapes(saved["model"]) != shapes(trainable_state(net)) or not {"opt", "gen", "torch_rng", "state"} <= set(saved):
             raise ValueError("its contents do not match this draft")  # checked before anything is applied
@@ -228,7 +228,8 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
     keep = None
     if kind in ("feature", "heads") and cfg["head_vocab"]:
         keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
-    net = build_net(kind, target, cfg, keep)
+    device = draft_device(target)  # train where the target lives (a GPU); the data stays on the host
+    net = build_net(kind, target, cfg, keep).to(device)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
@@ -259,7 +260,8 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
         prog = state["step"] / total if total else state["elapsed"] / budget_s
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, state["step"], prog)
-        loss = LOSSES[kind](net, get_batch(data, starts, cfg, length, gen), cfg)
+        batch = {k: v.to(device, non_blocking=True) for k, v in get_batch(data, starts, cfg, length, gen).items()}
+        loss = LOSSES[kind](net, batch, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -189,8 +189,23 @@ class StaticRunner(LeanRunner):
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
-        """Caches ids (their logits are computed in the bucket's graph and dropped)."""
-        self.forward(ids)
+        """Caches ids. Captured: through the buckets' graphs (their logits dropped: on a GPU the LM head of
+        64 rows costs little); uncaptured (a CPU): one pass of the prompt's own length without the LM head."""
+        if self.graphs != "none":
+            self.forward(ids)
+            return
+        ids = ids.to(self.device).view(-1)
+        n = ids.shape[0]
+        start, end = self.length, self.length + n
+        if end > self.capacity:
+            self._grow(end)
+        slots = torch.arange(start, end, device=self.device)
+        mask = self.slot_index.view(1, -1) <= slots.view(-1, 1)
+        hidden, _ = static_block(ids, slots, slots, mask, self.embed, None, self.norm, self.layers, self.k_cache,
+                                 self.v_cache, self.cos, self.sin, self.n_heads, self.n_kv_heads, self.head_dim)
+        self.length = end
+        if self.keep_hidden:
+            self.hidden = hidden
 
     def _run(self, b: int, n: int, end: int) -> torch.Tensor:
         step = self._inputs(b)
@@ -312,7 +327,7 @@ def static_block(ids, positions, slots, mask, embed, head, norm, layers, k_cache
         x = x + wo(o.transpose(1, 2).reshape(n, n_heads * head_dim))[0]
         x = x + mlp(rms_norm(x, ln2), gate_up, down)
     x = rms_norm(x, norm)
-    return x, head(x)[0]
+    return x, None if head is None else head(x)[0]
 
 
 def capture_note(runner) -> str:
