@@ -13,6 +13,10 @@ and its median kept; ratios are paired per prompt, reported as ratio of sums wit
 (specrepro.stats.intervals.ratio_ci) over prompts. Also: the pass costs (v(K)) of each runner and each
 draft's step cost c = draft step / one-token target pass (specrepro.engines.costs), the capture seconds,
 and whether greedy SpS reproduced greedy ArS token for token on the same runner.
+--random-weights: the target's config and tokenizer from the --target directory (no weights needed there:
+what fits in a device call's 64 MiB), its weights random (seed 0). Pass costs, c, v(K), ArS and HF times do
+not depend on the weights; tau and every SpS speedup do, so with random weights read those as meaningless
+(the drafts still load: they are keyed by the directory's name, e.g. smollm2-135m-instruct).
 This is a benchmark: nothing is asserted about timings. --device cpu runs the same code uncaptured (the
 CPU proof of gpu_check.sh; its timings say nothing about a GPU).
 """
@@ -80,6 +84,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="greedy,sample")
+    ap.add_argument("--random-weights", action="store_true", help="random weights from --target's config")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -87,7 +92,17 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    model, tok = sr.load_model(args.target, dtype=dtype, device=device)
+    if args.random_weights:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(args.target)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        model.config.name_or_path = str(Path(args.target).resolve())  # the shipped drafts are keyed by its name
+        tok = AutoTokenizer.from_pretrained(args.target)
+    else:
+        model, tok = sr.load_model(args.target, dtype=dtype, device=device)
     prompts = [("news", it["id"], it["prompt_ids"]) for it in news_items(tok, args.n_prompts)]
     prompts += [("code", it["id"], it["prompt_ids"]) for it in code_items(tok, args.n_prompts)]
     capacity = max(p.shape[0] for _, _, p in prompts) + n + 80
@@ -181,7 +196,7 @@ def main(argv=None) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "transformers": __import__("transformers").__version__, "host": platform.node(),
             "cpu": __import__("specrepro.engines.machine", fromlist=["describe_cpu"]).describe_cpu(),
-            "args": vars(args), "capture_seconds": capture,
+            "args": vars(args), "capture_seconds": capture, "weights": "random" if args.random_weights else "real",
             "drafts_not_loaded": {k: v for k, v in drafts.items() if isinstance(v, str)}}
     result = {"info": info, "summary": summary, "costs": _jsonable(costs), "rows": rows}
     (out / "headline.json").write_text(json.dumps(result, indent=1, default=str))
@@ -220,7 +235,8 @@ def summarise(rows, ratio_ci) -> list[dict]:
 
 
 def table(summary, info) -> str:
-    head = (f"GPU {info['gpu']}; torch {info['torch']} (CUDA {info['cuda']}); transformers {info['transformers']}; "
+    head = (f"{'RANDOM weights: tau and SpS speedups are meaningless here; ' if info['weights'] == 'random' else ''}"
+            f"GPU {info['gpu']}; torch {info['torch']} (CUDA {info['cuda']}); transformers {info['transformers']}; "
             f"host CPU {info['cpu']}\n\n| task | mode | what | runner | K / tree | n | ms/token | x HF static [95% CI] | tau |\n"
             "|---|---|---|---|---|---|---|---|---|\n")
     lines = []

@@ -21,7 +21,10 @@
 #
 # Environment: OUT (default figures/gpu-check); DEVICE (cuda; `DEVICE=cpu` is the CPU proof: the same stages
 # uncaptured at tiny sizes, no random-shape bench); SIZES (stage 3's shapes, default "135m 1.7b", "" skips it);
-# STAGES (default "0 1 2 3 4"); N_PROMPTS, NEW_TOKENS, REPS (stage 4: 5, 128, 3; CPU proof 1, 8, 1).
+# STAGES (default "0 1 2 3 4"); N_PROMPTS, NEW_TOKENS, REPS (stage 4: 5, 128, 3; CPU proof 1, 8, 1);
+# HEAD_TARGET (stage 4's target, default smollm2-135m-instruct, the converted offline weights) and
+# HEAD_RANDOM=1 (its weights random, from HEAD_TARGET's config: a directory holding only config and tokenizer,
+# e.g. the one tests/gpu_carry.sh packs when the weights cannot travel; tau and speedups are then meaningless).
 set -uo pipefail
 OUT=${OUT:-figures/gpu-check}
 DEVICE=${DEVICE:-cuda}
@@ -162,7 +165,8 @@ fi
 
 if stage 4 "headline on the real target, shipped drafts"; then
   t=$SECONDS
-  $PY tests/gpu_bench.py --device "$DEVICE" --dtype $HEAD_DTYPE --n-prompts "$N_PROMPTS" \
+  $PY tests/gpu_bench.py --target "${HEAD_TARGET:-smollm2-135m-instruct}" ${HEAD_RANDOM:+--random-weights} \
+      --device "$DEVICE" --dtype $HEAD_DTYPE --n-prompts "$N_PROMPTS" \
       --max-new-tokens "$NEW_TOKENS" --reps "$REPS" --ks "$HEAD_KS" --trees "$HEAD_TREES" \
       --out "$OUT/headline" 2>&1 | tee "$OUT/headline.log"
   done_stage 4 headline "${PIPESTATUS[0]}" $((SECONDS - t))
