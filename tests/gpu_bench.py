@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--drafts", default="lookup,feature,heads,small,lookup+feature,truncated:4")
     ap.add_argument("--ks", default="2,4,8")
     ap.add_argument("--trees", default="4x6/32")
-    ap.add_argument("--runners", default="lean,graphs-cuda,graphs-compile")
+    ap.add_argument("--runners", default="lean,graphs-cuda", help="lean, graphs-cuda, graphs-compile")
     ap.add_argument("--n-prompts", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)

@@ -24,7 +24,9 @@
 # STAGES (default "0 1 2 3 4"); N_PROMPTS, NEW_TOKENS, REPS (stage 4: 5, 128, 3; CPU proof 1, 8, 1);
 # HEAD_TARGET (stage 4's target, default smollm2-135m-instruct, the converted offline weights) and
 # HEAD_RANDOM=1 (its weights random, from HEAD_TARGET's config: a directory holding only config and tokenizer,
-# e.g. the one tests/gpu_carry.sh packs when the weights cannot travel; tau and speedups are then meaningless).
+# e.g. the one tests/gpu_carry.sh packs when the weights cannot travel; tau and speedups are then meaningless);
+# HEAD_RUNNERS (default lean,graphs-cuda; add graphs-compile to time torch.compile's graphs: minutes of
+# compiling), HEAD_DRAFTS; TOKENIZER_DIR (stage 2's tokenizer, default the converted offline target's).
 set -uo pipefail
 OUT=${OUT:-figures/gpu-check}
 DEVICE=${DEVICE:-cuda}
@@ -92,7 +94,7 @@ if stage 2 "notebooks (gpu-test models, device $DEVICE)"; then
   t=$SECONDS
   work=$(mktemp -d)
   $PY - "$work" <<'EOF'
-import sys
+import os, sys
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -103,7 +105,7 @@ from test_gpu_profile import DRAFT_ID, TARGET_ID, cache_tiny_model, write_datase
 from specrepro.models import offline_target_dir
 
 root = Path(sys.argv[1])
-tokenizer = AutoTokenizer.from_pretrained(offline_target_dir())
+tokenizer = AutoTokenizer.from_pretrained(os.environ.get("TOKENIZER_DIR") or offline_target_dir())
 cache_tiny_model(root / "hub", TARGET_ID, seed=0, layers=5, tokenizer=tokenizer)
 cache_tiny_model(root / "hub", DRAFT_ID, seed=1, layers=2, tokenizer=tokenizer)
 write_datasets(root / "datasets")
@@ -122,7 +124,7 @@ EOF
   done_stage 2 "notebooks" "$rc" $((SECONDS - t))
 fi
 
-if stage 3 "bench on random SmolLM2 shapes ($SIZES)" && [ -n "$SIZES" ]; then
+if [ -n "$SIZES" ] && stage 3 "bench on random SmolLM2 shapes ($SIZES)"; then
   for size in $SIZES; do
     t=$SECONDS
     dir=$(mktemp -d)/smollm2-$size-random
@@ -166,7 +168,8 @@ fi
 if stage 4 "headline on the real target, shipped drafts"; then
   t=$SECONDS
   $PY tests/gpu_bench.py --target "${HEAD_TARGET:-smollm2-135m-instruct}" ${HEAD_RANDOM:+--random-weights} \
-      --device "$DEVICE" --dtype $HEAD_DTYPE --n-prompts "$N_PROMPTS" \
+      --device "$DEVICE" --dtype $HEAD_DTYPE --n-prompts "$N_PROMPTS" --runners "${HEAD_RUNNERS:-lean,graphs-cuda}" \
+      --drafts "${HEAD_DRAFTS:-lookup,feature,heads,small,lookup+feature,truncated:4}" \
       --max-new-tokens "$NEW_TOKENS" --reps "$REPS" --ks "$HEAD_KS" --trees "$HEAD_TREES" \
       --out "$OUT/headline" 2>&1 | tee "$OUT/headline.log"
   done_stage 4 headline "${PIPESTATUS[0]}" $((SECONDS - t))
