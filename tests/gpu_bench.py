@@ -179,6 +179,7 @@ def main(argv=None) -> dict:
                         record(kind, pid, "ours_sps", rname, mode, k, str(tree) if tree else None, s,
                                len(gen.tokens), extra)
             print(f"{mode} {kind} {pid}: {len(rows)} rows", flush=True)
+            (out / "rows.json").write_text(json.dumps(rows, default=str))  # kept if a later step fails
 
     # pass costs and each draft's c on every runner
     prefix = prompts[0][2][:64].to(device)
