@@ -258,13 +258,14 @@ def top_children(logits: torch.Tensor, m: int):
     probs = logits.float().softmax(-1)
     m = min(m, int((probs > 0).sum()))
     tokens = probs.topk(m).indices.tolist()
-    return tokens, list(one_hot_rows(tokens, logits.shape[-1]))
+    return tokens, list(one_hot_rows(tokens, logits.shape[-1], logits.device))
 
 
-def one_hot_rows(tokens: list[int], vocab_size: int) -> torch.Tensor:
-    """[len(tokens), V] float32 one-hot rows (F.one_hot would build an int64 table first: 3x the memory)."""
-    rows = torch.zeros(len(tokens), vocab_size)
-    rows[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+def one_hot_rows(tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
+    """[len(tokens), V] float32 one-hot rows (F.one_hot would build an int64 table first: 3x the memory),
+    on `device` (default the CPU): a draft's rows stay beside its other rows, on its device."""
+    rows = torch.zeros(len(tokens), vocab_size, device=device)
+    rows[torch.arange(len(tokens), device=device), torch.tensor(tokens, dtype=torch.long, device=device)] = 1.0
     return rows
 
 
@@ -287,7 +288,7 @@ def draft_children(probs: torch.Tensor, forced: list[int], m: int, greedy: bool,
     if greedy:
         m = min(m, int((rest > 0).sum()))
         tokens = rest.topk(m).indices.tolist()
-        return tokens, list(one_hot_rows(tokens, probs.shape[-1]))
+        return tokens, list(one_hot_rows(tokens, probs.shape[-1], probs.device))
     return draw_children(rest, m, generator)
 
 
@@ -323,7 +324,7 @@ def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch
                 break
             base = 1.0 if node < 0 else tree.scores[node]
             forced = list(dict.fromkeys(seed.get(paths[node], [])))[:m]
-            kids = [tree.add(node, t, r, base) for t, r in zip(forced, one_hot_rows(forced, tree.vocab_size))]
+            kids = [tree.add(node, t, r, base) for t, r in zip(forced, one_hot_rows(forced, tree.vocab_size, row.device))]
             if not forced and sampling.greedy:
                 tokens, rows = top_children(row, m)
                 probs = row.float().softmax(-1)

@@ -77,7 +77,7 @@ class ModelDraft(Draft):
             self.context_window = getattr(model, "context_window", None)
         else:
             self.model = model
-            self.runner = HFRunner(model)
+            self.runner = default_runner(model)
             self.vocab_size = vocab_size(model)
             self.context_window = context_window(model)
         self.tokens = torch.empty(0, dtype=torch.long)
@@ -147,6 +147,20 @@ class ModelDraft(Draft):
         self.runner.rollback(n)
         self.tokens = seq
         return tree
+
+
+def default_runner(model):
+    """How a model draft runs: on a CUDA device, a Llama-family model resident on one GPU runs in the
+    static-shape runner with captured graphs (engines/static.py: a draft step of a small model is pure
+    launch overhead in eager mode); anything else in the HF runner."""
+    from ..engines.lean import is_llama_like
+    from ..engines.runners import input_device, split_reason
+
+    if input_device(model).type == "cuda" and is_llama_like(model) and split_reason(model) is None:
+        from ..engines.static import StaticRunner
+
+        return StaticRunner(model, dtype=None)
+    return HFRunner(model)
 
 
 def as_draft(draft) -> Draft:

@@ -44,8 +44,8 @@ def frequent_tokens(data: dict, n: int, special: list[int]) -> torch.Tensor:
 
 def remap(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
     """Positions of `ids` inside the kept vocabulary (-1 where a token is not kept)."""
-    index = torch.full((vocab,), -1, dtype=torch.long)
-    index[keep] = torch.arange(len(keep))
+    index = torch.full((vocab,), -1, dtype=torch.long, device=keep.device)
+    index[keep] = torch.arange(len(keep), device=keep.device)
     return index[ids.long()]
 
 

@@ -21,17 +21,20 @@ from .corpus import cached, code_prefixes, news_prompt, news_texts, text_chunks
 @torch.inference_mode()
 def target_pass(model, sequences: list[torch.Tensor], top_k: int = 32, keep_hidden: bool = True) -> dict:
     """Target outputs for each position of each sequence, flattened, with `starts` giving boundaries."""
+    from ..engines.runners import input_device
+
+    device = input_device(model)  # the target runs where it lives (a GPU); the data is kept on the host
     tokens, top_ids, top_p, rest, hidden = [], [], [], [], []
     for seq in tqdm(sequences, desc="target pass", leave=False):
-        h = model.get_decoder()(input_ids=seq.view(1, -1)).last_hidden_state[0]
+        h = model.get_decoder()(input_ids=seq.view(1, -1).to(device)).last_hidden_state[0]
         probs = model.get_output_embeddings()(h).float().softmax(-1)
         p, ids = probs.topk(top_k, dim=-1)
         tokens.append(seq)
-        top_ids.append(ids.int())
-        top_p.append(p)
-        rest.append((1 - p.sum(-1)).clamp_min(0))
+        top_ids.append(ids.int().cpu())
+        top_p.append(p.cpu())
+        rest.append((1 - p.sum(-1)).clamp_min(0).cpu())
         if keep_hidden:
-            hidden.append(h.half())
+            hidden.append(h.half().cpu())
     lengths = torch.tensor([0] + [len(s) for s in sequences])
     out = {
         "tokens": torch.cat(tokens),
@@ -49,19 +52,23 @@ def target_pass(model, sequences: list[torch.Tensor], top_k: int = 32, keep_hidd
 def target_continuations(model, tokenizer, prompts: list[str], new_tokens: int, batch: int = 32,
                          seed: int = 0) -> list[tuple[torch.Tensor, int]]:
     """(prompt + continuation ids, prompt length) per prompt; even batches greedy, odd ones T=1 samples."""
+    from ..engines.runners import input_device
+
+    device = input_device(model)
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = []
     for b, i in enumerate(tqdm(range(0, len(prompts), batch), desc="target samples", leave=False)):
         enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = {k: v.to(device) for k, v in enc.items()}
         sampled = b % 2 == 1
         gen = model.generate(
             **enc, max_new_tokens=new_tokens, do_sample=sampled, temperature=1.0 if sampled else None,
             top_k=0 if sampled else None, top_p=1.0 if sampled else None, pad_token_id=pad,
         )
         width = enc["input_ids"].shape[1]
-        for row, mask in zip(gen, enc["attention_mask"]):
+        for row, mask in zip(gen.cpu(), enc["attention_mask"].cpu()):
             prompt = row[:width][mask.bool()]
             cont = row[width:]
             # cut after the first EOS; padding after it is not target text

@@ -80,7 +80,7 @@ def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
     # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
     inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.std()
     t = inp.shape[1]
-    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t))
+    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t, device=inp.device))
     reg = F.smooth_l1_loss(f, h[:, 1:])
     logp = net.logits(f).float().log_softmax(-1).flatten(0, 1)
     ids, p, rest = batch["top_ids"][:, 1:], batch["top_p"][:, 1:], batch["rest"][:, 1:]
@@ -101,6 +101,10 @@ class FeatureDraft(Draft):
         self.vocab_size = vocab_size(target)
         self.context_window = context_window(target)
         self.hidden_size = target.config.hidden_size
+        # the draft runs where the target's embedding lives (the borrowed tables are there): no per-step
+        # copies between devices
+        self.device = self.net.emb.device
+        self.net.to(self.device)
         self.reset()
 
     @classmethod
@@ -112,11 +116,11 @@ class FeatureDraft(Draft):
     def reset(self) -> None:
         super().reset()
         self.cache = KVCache()
-        self.tokens = torch.empty(0, dtype=torch.long)
+        self.tokens = torch.empty(0, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
-        seq = seq.cpu()
+        seq = seq.to(self.device)
         f, real = self._root_feature(seq, target_hidden)
         tokens, probs = [], []
         for i in range(k):
@@ -126,7 +130,7 @@ class FeatureDraft(Draft):
             tokens.append(token)
             probs.append(p)
             if i + 1 < k:
-                pos = torch.tensor([max(real, 1) + i])
+                pos = torch.full((1,), max(real, 1) + i, device=self.device)
                 f = self.net.step(f, token.view(1, 1), pos, self.cache)
         self.calls += k
         self.cache.truncate(real)  # forget draft positions: they used the draft's own features
@@ -139,7 +143,7 @@ class FeatureDraft(Draft):
         in one batched step, attending to the real positions and their ancestors."""
         from ..tree import attention_mask, grow
 
-        seq = seq.cpu()
+        seq = seq.to(self.device)
         f, real = self._root_feature(seq, target_hidden)
         context = self.cache.length
         features = {-1: f[0, -1]}
@@ -150,9 +154,10 @@ class FeatureDraft(Draft):
 
         def next_logits(tree, nodes):
             h = torch.stack([features[tree.parents[i]] for i in nodes]).unsqueeze(0)
-            ids = torch.tensor([[tree.tokens[i] for i in nodes]])
-            pos = torch.tensor([max(real, 1) + tree.depths[i] - 1 for i in nodes])
-            out = self.net.step(h, ids, pos, self.cache, attention_mask(tree, context, nodes, fed))[0]
+            ids = torch.tensor([[tree.tokens[i] for i in nodes]], device=self.device)  # host ints: one copy
+            pos = torch.tensor([max(real, 1) + tree.depths[i] - 1 for i in nodes], device=self.device)
+            mask = attention_mask(tree, context, nodes, fed).to(self.device)
+            out = self.net.step(h, ids, pos, self.cache, mask)[0]
             features.update(zip(nodes, out))
             fed.extend(nodes)
             self.calls += 1
@@ -174,9 +179,10 @@ class FeatureDraft(Draft):
         self.cache.truncate(valid)
         dtype = self.net.fc.weight.dtype  # the net computes in its own dtype (the target's, from load())
         if real > 0:
-            h = target_hidden[valid:real].to(dtype).cpu().view(1, -1, self.hidden_size)
-            f = self.net.step(h, seq[valid + 1 : n].view(1, -1), torch.arange(valid, real), self.cache)[:, -1:]
+            h = target_hidden[valid:real].to(self.device, dtype).view(1, -1, self.hidden_size)
+            pos = torch.arange(valid, real, device=self.device)
+            f = self.net.step(h, seq[valid + 1 : n].view(1, -1), pos, self.cache)[:, -1:]
         else:  # a one-token prompt: no target feature yet, start from zeros
-            f = self.net.step(torch.zeros(1, 1, self.hidden_size, dtype=dtype), seq.view(1, 1), torch.arange(1),
-                              self.cache)
+            zeros = torch.zeros(1, 1, self.hidden_size, dtype=dtype, device=self.device)
+            f = self.net.step(zeros, seq.view(1, 1), torch.arange(1, device=self.device), self.cache)
         return f, real

@@ -65,6 +65,8 @@ class HeadsDraft(Draft):
         self.vocab_size = vocab_size(target)
         self.context_window = context_window(target)
         self.hidden_size = target.config.hidden_size
+        self.device = self.net.emb.device  # where the borrowed tables live: the target's embedding device
+        self.net.to(self.device)
 
     @classmethod
     def init_for(cls, target, cfg: dict | None = None, keep: torch.Tensor | None = None, seed: int = 0):
@@ -78,14 +80,7 @@ class HeadsDraft(Draft):
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
-        seq = seq.cpu()
-        dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
-        if target_hidden is not None and target_hidden.shape[0] > 0:
-            h = target_hidden[-1].to(dtype).cpu()
-        else:  # one-token prompt: no target feature yet
-            h = torch.zeros(self.hidden_size, dtype=dtype)
-        logits = self.net.logits(self.net.features(h, seq[-1])).float()  # [K, kept vocab]
-        logits = expand_logits(logits, self.net.keep_ids, self.vocab_size)
+        logits = self._logits(seq, target_hidden)  # [K, V]
         tokens, probs = [], []
         for i in range(k):
             # lookahead beyond K reuses the last head: a worse guess, still a proper distribution
@@ -101,15 +96,18 @@ class HeadsDraft(Draft):
         whatever its own token; all heads come from one pass."""
         from ..tree import grow
 
-        seq = seq.cpu()
-        dtype = self.net.inp[0].weight.dtype
-        if target_hidden is not None and target_hidden.shape[0] > 0:
-            h = target_hidden[-1].to(dtype).cpu()
-        else:
-            h = torch.zeros(self.hidden_size, dtype=dtype)
-        logits = self.net.logits(self.net.features(h, seq[-1])).float()
-        logits = expand_logits(logits, self.net.keep_ids, self.vocab_size)
+        logits = self._logits(seq, target_hidden)
         self.calls += 1
         last = len(logits) - 1
         return grow(spec, sampling, generator, logits[0],
                     lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]], seed)
+
+    def _logits(self, seq, target_hidden) -> torch.Tensor:
+        """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device."""
+        dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
+        if target_hidden is not None and target_hidden.shape[0] > 0:
+            h = target_hidden[-1].to(self.device, dtype)
+        else:  # one-token prompt: no target feature yet
+            h = torch.zeros(self.hidden_size, dtype=dtype, device=self.device)
+        logits = self.net.logits(self.net.features(h, seq[-1].to(self.device))).float()
+        return expand_logits(logits, self.net.keep_ids, self.vocab_size)

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding, half-split layout as in HF Llama. x: [B, h, T, hd], pos: [T]."""
     hd = x.shape[-1]
-    freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd)
     angles = pos.float()[:, None] * freqs[None]
     cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
@@ -86,7 +86,7 @@ class DecoderLayer(nn.Module):
             att = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
         else:
             # query i sits at position past + i and may see keys 0 .. past + i
-            mask = torch.arange(past + t)[None, :] <= (past + torch.arange(t))[:, None]
+            mask = torch.arange(past + t, device=x.device)[None, :] <= (past + torch.arange(t, device=x.device))[:, None]
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + lin(self.o, att.transpose(1, 2).reshape(b, t, -1))
         h = self.norm2(x)

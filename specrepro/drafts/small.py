@@ -82,4 +82,6 @@ class SmallDraft(ModelDraft):
 
     @classmethod
     def from_config(cls, target, cfg: dict | None = None, seed: int = 0) -> "SmallDraft":
-        return cls(init_small(target, cfg, seed).eval())
+        from ..engines.runners import input_device
+
+        return cls(init_small(target, cfg, seed).to(input_device(target)).eval())  # beside the target

@@ -8,7 +8,7 @@ import torch
 from .lookup import truncated_model
 
 
-def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"):
+def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None):
     """A draft from a short spec.
 
     "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
@@ -18,6 +18,8 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"
     kind of specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
     dtype: what a model draft computes in (default: the target model's); pass the tuned runner's dtype
     (`compute_dtype(runner)`) so the draft runs as cheaply as the target does.
+    device: where a "model:" draft is loaded (default: the target's input device, so draft and target
+    exchange no tensors between devices); trained kinds always go to the target's device.
     """
     if dtype is None:
         dtype = next(target.parameters()).dtype
@@ -28,9 +30,10 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device="cpu"
     if spec.startswith("truncated:"):
         return truncated_model(target, int(spec.split(":", 1)[1]))
     if spec.startswith("model:") or Path(spec).expanduser().is_dir():
+        from ..engines.runners import input_device
         from ..models import load_model
 
-        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device)[0]
+        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device or input_device(target))[0]
     from .trainer import load
 
     return load(spec, target=target, dtype=dtype)

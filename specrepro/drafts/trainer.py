@@ -133,6 +133,13 @@ LOSSES = {"small": small.small_loss, "seqkd": small.small_loss, "feature": featu
           "heads": heads.heads_loss}
 
 
+def draft_device(target) -> torch.device:
+    """Where a draft for `target` runs: the device of the target's input ids (its embedding's)."""
+    from ..engines.runners import input_device
+
+    return input_device(target)
+
+
 def make_draft(kind: str, net, target):
     if kind in ("small", "seqkd"):
         return small.SmallDraft(net.eval())
@@ -140,7 +147,7 @@ def make_draft(kind: str, net, target):
 
 
 def trainable_state(net) -> dict:
-    return {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    return {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
 
 
 def tied_head(net) -> set[str]:
@@ -175,7 +182,7 @@ def resume(ckpt: Path, net, opt, gen: torch.Generator) -> dict | None:
     if not ckpt.exists():
         return None
     try:
-        saved = torch.load(ckpt, weights_only=False)
+        saved = torch.load(ckpt, weights_only=False, map_location=next(net.parameters()).device)
         shapes = lambda state: {k: tuple(v.shape) for k, v in state.items()}  # noqa: E731
         if shapes(saved["model"]) != shapes(trainable_state(net)) or not {"opt", "gen", "torch_rng", "state"} <= set(saved):
             raise ValueError("its contents do not match this draft")  # checked before anything is applied
@@ -221,7 +228,8 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
     keep = None
     if kind in ("feature", "heads") and cfg["head_vocab"]:
         keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
-    net = build_net(kind, target, cfg, keep)
+    device = draft_device(target)  # train where the target lives (a GPU); the data stays on the host
+    net = build_net(kind, target, cfg, keep).to(device)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
@@ -252,7 +260,8 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
         prog = state["step"] / total if total else state["elapsed"] / budget_s
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, state["step"], prog)
-        loss = LOSSES[kind](net, get_batch(data, starts, cfg, length, gen), cfg)
+        batch = {k: v.to(device, non_blocking=True) for k, v in get_batch(data, starts, cfg, length, gen).items()}
+        loss = LOSSES[kind](net, batch, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -357,12 +366,13 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     try:
         if kind in ("small", "seqkd") and (path / "model").is_dir():  # trained by trainer.train
-            return small.SmallDraft(LlamaForCausalLM.from_pretrained(path / "model").to(dtype).eval())
+            model = LlamaForCausalLM.from_pretrained(path / "model")
+            return small.SmallDraft(model.to(device=draft_device(target), dtype=dtype).eval())
         weights = load_file(str(path / "net.safetensors"))  # exported by longrun (shipped artifacts)
         keep = weights["keep"] if "keep" in weights and weights["keep"].numel() else None
         net = build_net(kind, target, cfg, keep)
         load_weights(net, weights)
-        net.to(dtype)
+        net.to(device=draft_device(target), dtype=dtype)  # beside the target: no per-step copies
         if isinstance(net, feature.FrozenTargetParts):
             net.attach(target, dtype)  # the borrowed embedding and head in the draft's dtype too
     except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file

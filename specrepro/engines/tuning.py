@@ -4,7 +4,10 @@
     gen = sr.speculative_generate(setting.target, draft, ids, lookahead=setting.lookahead)
 
 Candidates are (dtype, linear backend, torch threads[, torch.compile]) for the lean runner (an HF runner
-for models it cannot run). A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
+for models it cannot run); on a CUDA target also the static-shape runner (engines/static.py) with its
+graphs captured by torch.cuda.CUDAGraph ("graphs-cuda") and by torch.compile(mode="reduce-overhead")
+("graphs-compile"), measured after capture; the capture time is reported ("capture_seconds") and the
+returned runner is captured before tune returns, so it is paid once per process. A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
 best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.engines.costs, the same
 measurement as the bench and the notebooks), and so is one draft step.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
@@ -50,10 +53,12 @@ class Candidate:
     backend: str
     threads: int
     compile: bool = False
+    graphs: str = ""  # "" the lean runner; "cuda" / "compile": engines.static.StaticRunner with those graphs
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}/{self.backend}/{self.threads}t" + ("/compiled" if self.compile else "")
+        return (f"{self.dtype}/{self.backend}/{self.threads}t" + ("/compiled" if self.compile else "")
+                + (f"/graphs-{self.graphs}" if self.graphs else ""))
 
 
 @dataclass
@@ -133,13 +138,16 @@ def tune(
         if tree is not None:
             choice["why"] += (f"; tree {tree} beats the chain: {best['ms_per_token']:.1f} ms/token expected from its "
                               f"measured tau {best['tau']:.2f} on the prompt")
+    runner = build_runner(target, cand)
+    if cand.graphs:
+        choice["capture_seconds_returned_runner"] = runner.warmup(_graph_sizes(max_lookahead, extra))
     report = {
         "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": str(path),
         "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
         "acceptance_source": a_source, **choice, "costs": measured["costs"], "screen": measured.get("screen", {}),
         "skipped": measured.get("skipped", {}),
     }
-    return Setting(target=build_runner(target, cand), lookahead=choice["lookahead"], candidate=cand, tree=tree,
+    return Setting(target=runner, lookahead=choice["lookahead"], candidate=cand, tree=tree,
                    report=report)
 
 
@@ -185,13 +193,25 @@ def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list
         dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
         return [Candidate(dtype, "hf", t) for t in threads]
     out = []
+    cuda = _device(target).type == "cuda"
+    if cuda:  # the host's threads barely matter to a GPU pass: one count, the largest
+        threads = threads[-1:]
     for d in dtypes:
         for b in backends:
             for t in threads:
                 out.append(Candidate(d, b, t))
                 if compile and b == "eager":  # the lean runner compiles eager linears only
                     out.append(Candidate(d, b, t, True))
+        if cuda:  # the static-shape runner, its graphs captured either way (engines/static.py)
+            out += [Candidate(d, "eager", threads[-1], graphs=g) for g in GRAPH_CHOICES]
     return out
+
+
+GRAPH_CHOICES = ("cuda", "compile")
+
+
+def _graph_sizes(max_lookahead: int, extra_sizes=()) -> list[int]:
+    return sorted(set(range(1, max_lookahead + 2)) | set(extra_sizes))
 
 
 def build_runner(target, cand: Candidate):
@@ -200,6 +220,10 @@ def build_runner(target, cand: Candidate):
 
     if cand.backend == "hf":
         return HFRunner(target)
+    if cand.graphs:
+        from .static import StaticRunner
+
+        return StaticRunner(target, dtype=DTYPES[cand.dtype], graphs=cand.graphs)
     return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, compile=cand.compile)
 
 
@@ -225,13 +249,21 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
         return screen[name][1] + screen[name][5]
 
     def build_of(c):
-        return (c.dtype, c.backend, c.compile)
+        return (c.dtype, c.backend, c.compile, c.graphs)
+
+    sizes = _graph_sizes(max_lookahead, extra_sizes)
+    capture = {}
 
     try:
         for i, cand in enumerate(candidates):
             build = build_of(cand)
             if build not in runners and build not in unavailable:
                 runner = _build_checked(target, cand)
+                if not isinstance(runner, str) and cand.graphs:
+                    try:  # capture every size measured below, so that no timing includes a capture
+                        capture[cand.name] = runner.warmup(sizes)
+                    except Exception as err:  # noqa: BLE001 - a capture that fails is a candidate that cannot run
+                        runner = f"graph capture failed ({type(err).__name__}: {err})"
                 (unavailable if isinstance(runner, str) else runners)[build] = runner
             if build in unavailable:
                 skipped[cand.name] = unavailable[build]
@@ -263,6 +295,8 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
             entry = measure_cost_table({name: (runners[build_of(cand)], proposer)}, prefix, range(1, max_lookahead + 1), reps,
                                        extra_sizes=extra_sizes)
             costs[name] = {"candidate": dataclasses.asdict(cand), **entry[name]}
+            if name in capture:
+                costs[name]["capture_seconds"] = capture[name]
     finally:
         torch.set_num_threads(before)
     if not costs:

@@ -1,0 +1,256 @@
+"""StaticRunner (engines/static.py) against the eager LeanRunner and HF: the static-shape code that a GPU
+captures as CUDA graphs, run here without capture (graphs="none").
+
+Parity: logits and hidden states within float32 round-off over chunks that cross buckets, roll back, outgrow
+the cache and exceed the largest bucket; tree passes and compaction against fresh forwards; greedy SpS
+(chain and tree) equal to greedy ArS and HF generate token for token; the context-window edge.
+Losslessness: the chain and the tree sampler with StaticRunner target and draft against the exact target
+joint (test_lossless / test_tree harness), family-wise alpha 0.01 Bonferroni-corrected over the 2 correct
+runs; a wrong rejection step and a wrong tree rule on the same runners must be rejected at that level.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specrepro as sr
+from conftest import EOS, tiny_llama
+from specrepro import tree as tree_module
+from specrepro.drafts import ModelDraft
+from specrepro.engines.lean import LeanRunner
+from specrepro.engines.static import BUCKETS, StaticRunner, bucket_for
+from specrepro.sampling import SamplingConfig
+from specrepro.stats import wrong
+from specrepro.stats.exact import chisquare_fit, exact_joint
+from specrepro.tree import TreeSpec
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))  # test_lossless's and test_tree's harnesses
+ALPHA = 0.01 / 2  # the chain and the tree run below; each wrong variant must fall under the same level
+# (start, end) of each forward: rollbacks, bucket sizes 1..64 crossed, a block larger than the largest bucket
+CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 33), (30, 31), (31, 110), (100, 120)]
+
+
+def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
+        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def run_chunks(runner, ids):
+    runner.reset()
+    out = []
+    for start, end in CHUNKS:
+        runner.rollback(start)
+        assert runner.length == start
+        out.append((runner.forward(ids[start:end]), runner.hidden))
+        assert runner.length == end
+    return out
+
+
+def test_bucket_for():
+    assert [bucket_for(n, BUCKETS) for n in (1, 2, 3, 5, 9, 33, 64, 65)] == [1, 2, 4, 8, 16, 64, 64, 65]
+
+
+@pytest.mark.parametrize("tied,kv_heads", [(False, 2), (True, 4), (False, 1)])
+def test_logits_and_hidden_match_lean_over_buckets_rollbacks_and_growth(tied, kv_heads):
+    model = llama(tied=tied, kv_heads=kv_heads)
+    ids = torch.randint(0, 50, (120,), generator=torch.Generator().manual_seed(1))
+    lean = LeanRunner(model, keep_hidden=True)
+    static = StaticRunner(model, capacity=8, keep_hidden=True)  # grows 8 -> 16 -> 32 -> 64 -> 128 on the way
+    assert static.graphs == "none"
+    for (a, ha), (b, hb), (start, end) in zip(run_chunks(lean, ids), run_chunks(static, ids), CHUNKS):
+        assert b.dtype == torch.float32 and b.shape == (end - start, 50)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hb, ha, atol=1e-5, rtol=1e-5)
+    assert static.capacity == 128  # the context window caps the growth
+    full = model(ids.view(1, -1)).logits[0]
+    static.reset()
+    torch.testing.assert_close(static.forward(ids), full, atol=1e-5, rtol=1e-5)  # one block of 120 > 64
+
+
+def test_bfloat16_within_dtype_tolerance_of_lean():
+    model = llama()
+    ids = torch.randint(0, 50, (40,), generator=torch.Generator().manual_seed(2))
+    lean, static = LeanRunner(model, dtype=torch.bfloat16), StaticRunner(model, dtype=torch.bfloat16, capacity=64)
+    for start, end in [(0, 13), (13, 16), (16, 17), (12, 40)]:
+        lean.rollback(start), static.rollback(start)
+        a, b = lean.forward(ids[start:end]), static.forward(ids[start:end])
+        assert a.shape == b.shape == (end - start, 50)
+        torch.testing.assert_close(b, a, atol=3e-2, rtol=3e-2)
+
+
+def test_padding_never_leaks_into_real_rows():
+    """A block padded from 3 to 4 (bucket) and one padded from 5 to 8: the scratch slot the pads write is
+    beyond every real row's mask, and a later pass over the same slots gives fresh logits."""
+    model = llama()
+    ids = torch.randint(0, 50, (20,), generator=torch.Generator().manual_seed(3))
+    static = StaticRunner(model, capacity=32)
+    static.forward(ids[:3])
+    static.k_cache[:, :, :, static.capacity] = 1e4  # poison the scratch slot: a real row reading it would blow up
+    static.v_cache[:, :, :, static.capacity] = 1e4
+    got = static.forward(ids[3:8])
+    want = model(ids[:8].view(1, -1)).logits[0, 3:8]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def fixed_tree():
+    tree = tree_module.Tree(50)
+    eye = torch.eye(50)
+    for parent, token in [(-1, 2), (-1, 4), (-1, 0), (0, 3), (0, 1), (1, 2), (3, 4), (5, 0)]:
+        tree.add(parent, token, eye[token], 1.0)
+    return tree
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["keep-on-host", "keep-on-device"])
+def test_tree_pass_and_compaction_equal_fresh_forwards(on_host):
+    model = llama()
+    context = torch.tensor([0, 3, 2, 2, 7, 9])
+    tree = fixed_tree()  # 9 rows with the root: bucket 16
+    runner = StaticRunner(model, capacity=16)
+    runner.prefill(context[:-1])
+    logits = tree_module.verify(runner, context[-1:], tree)
+    assert runner.length == len(context) + len(tree)
+    for node in [-1] + list(range(len(tree))):
+        path = tree.path(node) if node >= 0 else []
+        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
+        torch.testing.assert_close(logits[node + 1], model(seq.view(1, -1)).logits[0, -1], rtol=1e-4, atol=1e-4)
+    for path in ([1, 5, 7], [0, 3, 6], [2], []):
+        runner = StaticRunner(model, capacity=16)
+        runner.prefill(context[:-1])
+        tree_module.verify(runner, context[-1:], tree)
+        keep = tree_module.keep_slots(len(context) - 1, path)
+        if on_host:
+            runner.compact(keep)
+        else:  # the device path (a CUDA keep), exercised on the CPU through the same method
+            runner._compact_on_device(keep)
+        accepted = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
+        assert runner.length == len(accepted)
+        reference = LeanRunner(model)
+        reference.prefill(accepted)
+        n = len(accepted)
+        torch.testing.assert_close(runner.k_cache[..., :n, :], reference.k_cache[..., :n, :], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(runner.v_cache[..., :n, :], reference.v_cache[..., :n, :], rtol=1e-5, atol=1e-5)
+        nxt = torch.tensor([1, 4])
+        torch.testing.assert_close(runner.forward(nxt), reference.forward(nxt), rtol=1e-4, atol=1e-4)
+
+
+def test_tree_larger_than_every_bucket_gets_its_own():
+    model = llama()
+    runner = StaticRunner(model, capacity=64, buckets=(1, 2, 4))
+    context = torch.tensor([0, 3, 2])
+    tree = fixed_tree()  # 9 rows > 4
+    runner.prefill(context[:-1])
+    logits = tree_module.verify(runner, context[-1:], tree)
+    lean = LeanRunner(model)
+    lean.prefill(context[:-1])
+    torch.testing.assert_close(logits, tree_module.verify(lean, context[-1:], tree), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [None, TreeSpec(2, 3), TreeSpec(3, 4, 10), TreeSpec(4, 6, 40)], ids=str)
+def test_greedy_sps_with_static_runners_equals_ars_and_hf(tree):
+    target, draft = tiny_llama(0, layers=3, eos_token_id=None, window=128), tiny_llama(1, eos_token_id=None)
+    prompt, n = torch.tensor([0, 3, 2, 4, 4, 1, 0, 3]), 40
+    hf = target.generate(prompt.view(1, -1), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(prompt):]
+    t = StaticRunner(target, capacity=16)  # grows during the generation
+    d = ModelDraft(StaticRunner(draft, capacity=64))
+    assert torch.equal(sr.autoregressive_generate(t, prompt, max_new_tokens=n, temperature=0).tokens, hf)
+    for k in (1, 3, 7):
+        gen = sr.speculative_generate(t, d, prompt, max_new_tokens=n, lookahead=k, temperature=0, tree=tree)
+        assert torch.equal(gen.tokens, hf), (k, tree)
+        assert gen.target_calls < n  # the draft was used, not just the bonus tokens
+
+
+def test_context_window_edge():
+    model = tiny_llama(0, layers=2, eos_token_id=None, window=24)
+    prompt = torch.tensor([0, 3, 2, 4])
+    runner = StaticRunner(model, capacity=8)
+    want = sr.autoregressive_generate(LeanRunner(model), prompt, max_new_tokens=20, temperature=0).tokens
+    gen = sr.speculative_generate(runner, tiny_llama(1, eos_token_id=None), prompt, max_new_tokens=20, lookahead=4,
+                                  temperature=0)
+    assert torch.equal(gen.tokens, want) and runner.capacity == 24
+    runner.reset()
+    with pytest.raises(ValueError, match="context window of 24"):
+        runner.forward(torch.zeros(25, dtype=torch.long))
+    with pytest.raises(ValueError, match="context window"):
+        sr.autoregressive_generate(runner, prompt, max_new_tokens=21)
+
+
+def test_bad_settings_are_clear_errors():
+    model = llama()
+    with pytest.raises(ValueError, match="graphs must be one of"):
+        StaticRunner(model, graphs="fast")
+    with pytest.raises(ValueError, match="needs a CUDA model"):
+        StaticRunner(model, graphs="cuda")
+    with pytest.raises(ValueError, match="buckets must be positive"):
+        StaticRunner(model, buckets=(0, 4))
+    with pytest.raises(ValueError, match="capacity must be a positive"):
+        StaticRunner(model, capacity=0)
+    runner = StaticRunner(model)
+    runner.forward(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="tree mask must have shape"):
+        runner.forward_tree(torch.tensor([1]), torch.tensor([2]), torch.ones(1, 2, dtype=torch.bool))
+
+
+# --- losslessness with static runners -------------------------------------------------------------------------
+
+def test_chain_sampled_joint_with_static_runners(tiny_pair):
+    from test_lossless import L, PROMPT, draw
+
+    target, draft = tiny_pair
+    t, d = StaticRunner(target), ModelDraft(StaticRunner(draft))
+    sampling = SamplingConfig(1.0)
+    expected = exact_joint(target, PROMPT, L, sampling, EOS)
+    outcomes, bonus = draw(t, d, 3, sampling, EOS, seed=700)
+    right = chisquare_fit(outcomes, expected)
+    print(right)
+    assert right.pvalue > ALPHA and right.cells >= 5 and bonus > 0, right
+    with wrong.rejection_step_replaced(wrong.resample_from_q):
+        bad = chisquare_fit(draw(t, d, 3, sampling, EOS, seed=701)[0], expected)
+    print(bad)
+    assert bad.pvalue < ALPHA, bad
+
+
+def test_tree_sampled_joint_with_static_runners(tiny_pair):
+    from test_tree import fit
+
+    target, _ = tiny_pair
+    draft = tiny_llama(3)  # test_tree's power draft
+    t, d = StaticRunner(target), ModelDraft(StaticRunner(draft))
+    args = (TreeSpec(3, 2), SamplingConfig(1.0), EOS)
+    right, _, stats = fit(t, d, *args, seed=702, model=target)
+    print(right)
+    assert right.pvalue > ALPHA and stats["accepted_any"] > 0 and stats["rejected_all"] > 0, right
+    with wrong.tree_rule_replaced(wrong.tree_siblings_not_removed):
+        bad, _, _ = fit(t, d, *args, seed=703, model=target)
+    print(bad)
+    assert bad.pvalue < ALPHA, bad
+
+
+def test_tune_measures_a_static_candidate_after_its_warmup():
+    """sr.tune's plumbing for graph candidates (on a GPU: graphs cuda / compile), run here with graphs none:
+    the runner is built, warmed over every measured size, timed, and its capture time reported."""
+    from specrepro.engines import tuning
+
+    model = llama()
+    cand = tuning.Candidate("float32", "eager", 1, graphs="none")
+    assert cand.name == "float32/eager/1t/graphs-none"
+    runner = tuning.build_runner(model, cand)
+    assert isinstance(runner, StaticRunner) and runner.graphs == "none"
+    measured = tuning.measure_candidates(model, None, [cand, tuning.Candidate("float32", "eager", 1)], 4, reps=1)
+    assert measured["costs"][cand.name]["capture_seconds"] == 0.0
+    assert set(measured["costs"][cand.name]["target_ms"]) == {1, 2, 3, 4, 5}
+    assert tuning.candidate_settings(model, ["float32"], ["eager"], [1, 2], False) == [
+        tuning.Candidate("float32", "eager", 1), tuning.Candidate("float32", "eager", 2)]  # no graphs on a CPU
+
+
+def test_model_drafts_keep_the_hf_runner_off_cuda():
+    from specrepro.drafts.base import default_runner
+    from specrepro.engines.runners import HFRunner
+
+    assert isinstance(default_runner(llama()), HFRunner)  # on CUDA: a StaticRunner (tests/engines/test_devices.py)
