@@ -257,6 +257,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def heads_qkv(h, qkv, n_heads: int, n_kv_heads: int, head_dim: int, cos, sin):
+    """One layer's normed input [n, H] -> q, k, v per head, [1, heads, n, head_dim], q and k rotated."""
+    n = h.shape[0]
+    q, k, v = qkv(h)
+    q = q.reshape(1, n, n_heads, head_dim).transpose(1, 2)
+    k = k.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
+    v = v.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
 def causal_mask(start: int, n: int, device) -> torch.Tensor | None:
     """[n, start + n] bool: new token i (at position start + i) sees keys 0..start + i. None for n == 1."""
     if n == 1:
@@ -275,13 +285,7 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
     mask = causal_mask(start, n, ids.device) if tree_mask is None else tree_mask
     x = F.embedding(ids, embed)  # [n, H]
     for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
-        h = rms_norm(x, ln1)
-        q, k, v = qkv(h)
-        # [1, heads, n, head_dim]
-        q = q.reshape(1, n, n_heads, head_dim).transpose(1, 2)
-        k = k.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
-        v = v.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k, v = heads_qkv(rms_norm(x, ln1), qkv, n_heads, n_kv_heads, head_dim, cos, sin)
         k_cache[i, :, :, start:end] = k
         v_cache[i, :, :, start:end] = v
         o = attend(q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], mask)

@@ -35,7 +35,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .lean import LeanRunner, attend, mlp, rms_norm, rotate
+from .lean import LeanRunner, attend, heads_qkv, mlp, rms_norm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 GRAPH_MODES = ("auto", "cuda", "compile", "none")
@@ -135,6 +135,21 @@ class StaticRunner(LeanRunner):
 
     # ------------------------------------------------------------------ passes
 
+    def _stage(self, ids: torch.Tensor, n: int):
+        """Grow the cache if the block would overflow it, pick the block's bucket and write its ids and cache
+        slots into that bucket's static inputs (padding rows: token 0, written to the scratch slot).
+        Returns (bucket, the cache length after the block, the inputs)."""
+        start, end = self.length, self.length + n
+        if end > self.capacity:
+            self._grow(end)
+        b = bucket_for(n, self.buckets)
+        step = self._inputs(b)
+        step["ids"][:n].copy_(ids)
+        step["ids"][n:].zero_()
+        torch.arange(start, start + b, out=step["slots"], device=self.device)
+        step["slots"][n:] = self.capacity  # padding: the scratch slot
+        return b, end, step
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(self.device).view(-1)
@@ -148,16 +163,8 @@ class StaticRunner(LeanRunner):
             if self.keep_hidden:
                 self.hidden = torch.cat(hidden)
             return torch.cat(parts)
-        start, end = self.length, self.length + n
-        if end > self.capacity:
-            self._grow(end)
-        b = bucket_for(n, self.buckets)
-        step = self._inputs(b)
-        step["ids"][:n].copy_(ids)
-        step["ids"][n:].zero_()
+        b, end, step = self._stage(ids, n)
         slots = step["slots"]
-        torch.arange(start, start + b, out=slots, device=self.device)
-        slots[n:] = self.capacity  # padding: the scratch slot
         step["positions"].copy_(slots)
         step["positions"][n:] = 0
         torch.le(self.slot_index.view(1, -1), slots.view(-1, 1), out=step["mask"])
@@ -169,19 +176,11 @@ class StaticRunner(LeanRunner):
         the new keys go to the next n cache slots."""
         ids = ids.to(self.device).view(-1)
         n = ids.shape[0]
-        start, end = self.length, self.length + n
-        if mask.shape != (n, end):
-            raise ValueError(f"tree mask must have shape {(n, end)}, got {tuple(mask.shape)}")
-        if end > self.capacity:
-            self._grow(end)
-        b = bucket_for(n, self.buckets)
-        step = self._inputs(b)
-        step["ids"][:n].copy_(ids)
-        step["ids"][n:].zero_()
+        if mask.shape != (n, self.length + n):
+            raise ValueError(f"tree mask must have shape {(n, self.length + n)}, got {tuple(mask.shape)}")
+        b, end, step = self._stage(ids, n)
         step["positions"][:n].copy_(positions.view(-1))
         step["positions"][n:].zero_()
-        torch.arange(start, start + b, out=step["slots"], device=self.device)
-        step["slots"][n:] = self.capacity
         step["mask"].zero_()
         step["mask"][:n, :end].copy_(mask)
         step["mask"][n:, self.capacity] = True
@@ -315,12 +314,7 @@ def static_block(ids, positions, slots, mask, embed, head, norm, layers, k_cache
     x = F.embedding(ids, embed)
     c, s = cos[positions], sin[positions]
     for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
-        h = rms_norm(x, ln1)
-        q, k, v = qkv(h)
-        q = q.reshape(1, n, n_heads, head_dim).transpose(1, 2)
-        k = k.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
-        v = v.reshape(1, n, n_kv_heads, head_dim).transpose(1, 2)
-        q, k = rotate(q, c, s), rotate(k, c, s)
+        q, k, v = heads_qkv(rms_norm(x, ln1), qkv, n_heads, n_kv_heads, head_dim, c, s)
         k_cache[i].index_copy_(2, slots, k.to(k_cache.dtype))
         v_cache[i].index_copy_(2, slots, v.to(v_cache.dtype))
         o = attend(q, k_cache[i], v_cache[i], mask)
