@@ -14,7 +14,7 @@ from specrepro.engines.runners import HFRunner
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
 
 
-def llama(seed, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

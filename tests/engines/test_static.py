@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from test_lean import llama  # the same tiny Llama the lean runner is checked on
 
 import specrepro as sr
 from conftest import EOS, tiny_llama
@@ -30,16 +30,6 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))  # test_lossles
 ALPHA = 0.01 / 2  # the chain and the tree run below; each wrong variant must fall under the same level
 # (start, end) of each forward: rollbacks, bucket sizes 1..64 crossed, a block larger than the largest bucket
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 33), (30, 31), (31, 110), (100, 120)]
-
-
-def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
-        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def run_chunks(runner, ids):
