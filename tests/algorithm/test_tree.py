@@ -292,10 +292,10 @@ def test_lookup_branches_on_distinct_continuations():
 
 # --- tree attention and KV compaction ----------------------------------------------------------------------
 
-def fixed_tree():
-    """A branching tree over the tiny vocabulary, node order = level order."""
-    tree = Tree(5)
-    eye = torch.eye(5)
+def fixed_tree(vocab=5):
+    """A branching tree over a tiny vocabulary (tokens 0..4 used), node order = level order."""
+    tree = Tree(vocab)
+    eye = torch.eye(vocab)
     for parent, token in [(-1, 2), (-1, 4), (-1, 0), (0, 3), (0, 1), (1, 2), (3, 4), (5, 0)]:
         tree.add(parent, token, eye[token], 1.0)
     return tree

@@ -89,19 +89,13 @@ def test_padding_never_leaks_into_real_rows():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def fixed_tree():
-    tree = tree_module.Tree(50)
-    eye = torch.eye(50)
-    for parent, token in [(-1, 2), (-1, 4), (-1, 0), (0, 3), (0, 1), (1, 2), (3, 4), (5, 0)]:
-        tree.add(parent, token, eye[token], 1.0)
-    return tree
-
-
 @pytest.mark.parametrize("on_host", [True, False], ids=["keep-on-host", "keep-on-device"])
 def test_tree_pass_and_compaction_equal_fresh_forwards(on_host):
     model = llama()
     context = torch.tensor([0, 3, 2, 2, 7, 9])
-    tree = fixed_tree()  # 9 rows with the root: bucket 16
+    from test_tree import fixed_tree  # the tree test_tree checks the HF and lean runners on
+
+    tree = fixed_tree(50)  # 9 rows with the root: bucket 16
     runner = StaticRunner(model, capacity=16)
     runner.prefill(context[:-1])
     logits = tree_module.verify(runner, context[-1:], tree)
@@ -134,7 +128,9 @@ def test_tree_larger_than_every_bucket_gets_its_own():
     model = llama()
     runner = StaticRunner(model, capacity=64, buckets=(1, 2, 4))
     context = torch.tensor([0, 3, 2])
-    tree = fixed_tree()  # 9 rows > 4
+    from test_tree import fixed_tree  # the tree test_tree checks the HF and lean runners on
+
+    tree = fixed_tree(50)  # 9 rows > 4
     runner.prefill(context[:-1])
     logits = tree_module.verify(runner, context[-1:], tree)
     lean = LeanRunner(model)
