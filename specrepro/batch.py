@@ -24,6 +24,8 @@ class BatchLeanRunner(LeanRunner):
     stale keys that the per-row mask never lets a query see (a query at position t sees keys 0..t).
     """
 
+    supports_native = False  # it replaces the pass itself
+
     float32_cache_on_cpu = False  # the batched block attends with SDPA, which wants q's dtype
 
     def __init__(self, model, batch: int, dtype=torch.float32, capacity: int = 512, backend: str = "eager"):

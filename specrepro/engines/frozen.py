@@ -103,6 +103,8 @@ class FrozenRunner(LeanRunner):
     eager lean path with a warning.
     """
 
+    supports_native = False  # it replaces the pass itself
+
     def __init__(self, model, dtype=torch.float32, capacity: int = 512, keep_hidden: bool = False,
                  backend: str = "onednn", mode: str | None = None):
         super().__init__(model, dtype=dtype, capacity=capacity, keep_hidden=keep_hidden, backend=backend)

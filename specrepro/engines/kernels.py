@@ -13,6 +13,9 @@ Backends:
   reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the op inductor
   uses when it freezes a CPU graph), then `mkldnn._linear_pointwise`. Same weights and dtype, a different
   summation order: logits agree with eager within the dtype's round-off.
+- "native": not a linear layer but a whole pass: LeanRunner(backend="native") runs every layer of a
+  bfloat16 pass over up to 64 tokens in one C++ call (specrepro.engines.native), its linears eager for
+  longer blocks. Listed here so that the runner, tune and the bench choose it like the others.
 A backend that is not available or fails its probe falls back to eager with a one-line warning.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("eager", "onednn")
+BACKENDS = ("eager", "onednn", "native")
 PACK_ROWS_HINT = 8  # oneDNN picks its blocking for about this many rows; 4-16 measured alike (1-17 rows)
 
 _probe_cache: dict[tuple[torch.dtype, str], str | None] = {}
@@ -38,6 +41,10 @@ def unavailable_reason(backend: str, dtype: torch.dtype, device: torch.device | 
     check_backend(backend)
     if backend == "eager":
         return None
+    if backend == "native":
+        from . import native
+
+        return native.unavailable_reason(dtype, device)
     if torch.device(device).type != "cpu":
         return f"oneDNN prepacked linear runs on CPU only, not on {device}"
     key = (dtype, backend)
@@ -89,6 +96,8 @@ class Linear:
 
     def __init__(self, weights, dtype: torch.dtype, backend: str = "eager"):
         check_backend(backend)
+        if backend == "native":
+            raise ValueError("'native' is a whole-pass backend (LeanRunner), not one for single linear layers")
         self.backend = backend
         self.sizes = [w.shape[0] for w, _ in weights]
         if backend == "eager":  # views of the model's own tensors when dtypes match

@@ -76,6 +76,7 @@ class LeanRunner:
     """
 
     batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
+    supports_native = True  # subclasses that replace the pass set False: backend="native" is refused there
     float32_cache_on_cpu = True  # see `attend`; BatchLeanRunner's SDPA wants the cache in the compute dtype
 
     def __init__(
@@ -109,7 +110,11 @@ class LeanRunner:
         first = next(model.parameters())
         self.device = first.device
         self.dtype = dtype or first.dtype
+        if backend == "native" and not self.supports_native:
+            raise ValueError(f"{type(self).__name__} has no native pass: use backend 'eager' or 'onednn'")
         self.backend = resolve_backend(backend, self.dtype, self.device)
+        # the native pass runs blocks of up to native.MAX_ROWS tokens; longer ones (prompts) use eager linears
+        linear_backend = "eager" if self.backend == "native" else self.backend
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = getattr(config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
@@ -121,11 +126,11 @@ class LeanRunner:
 
         base = model.model
         self.embed = w(base.embed_tokens.weight)
-        self.head = Linear([(model.get_output_embeddings().weight, None)], self.dtype, self.backend)
+        self.head = Linear([(model.get_output_embeddings().weight, None)], self.dtype, linear_backend)
         self.norm = (w(base.norm.weight), _eps(base.norm))
         self.layers = []
         def linear(*projections):
-            return Linear([(p.weight, p.bias) for p in projections], self.dtype, self.backend)
+            return Linear([(p.weight, p.bias) for p in projections], self.dtype, linear_backend)
 
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
@@ -142,6 +147,11 @@ class LeanRunner:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         # float32 on CPU: `attend` computes there in float32 (the values stored are the dtype's, rounded)
         self.cache_dtype = torch.float32 if self.device.type == "cpu" and self.float32_cache_on_cpu else self.dtype
+        self._native = None
+        if self.backend == "native":
+            from . import native
+
+            self._native = native.build_model(self)
         self.capacity = 0
         self._grow(min(capacity, self.context_window or capacity))
         self.reset()
@@ -161,11 +171,7 @@ class LeanRunner:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._grow(end)
-        hidden, logits = self._block(
-            ids.to(self.device).view(n), start, self.embed, self.head, self.norm, self.layers,
-            self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
-            self.head_dim,
-        )
+        hidden, logits = self._pass(ids.to(self.device).view(n), start, slice(start, end), None, self.head)
         if self.keep_hidden:
             self.hidden = hidden
         self.length = end
@@ -181,12 +187,8 @@ class LeanRunner:
             raise ValueError(f"tree mask must have shape {(n, end)}, got {tuple(mask.shape)}")
         if end > self.capacity:
             self._grow(end)
-        positions = positions.to(self.device)
-        hidden, logits = self._block(
-            ids.to(self.device).view(n), start, self.embed, self.head, self.norm, self.layers,
-            self.k_cache, self.v_cache, self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads,
-            self.head_dim, mask.to(self.device),
-        )
+        hidden, logits = self._pass(ids.to(self.device).view(n), start, positions.to(self.device), mask.to(self.device),
+                                    self.head)
         if self.keep_hidden:
             self.hidden = hidden
         self.length = end
@@ -210,14 +212,20 @@ class LeanRunner:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._grow(end)
-        hidden, _ = self._block(
-            ids.to(self.device).view(n), start, self.embed, None, self.norm, self.layers,
-            self.k_cache, self.v_cache, self.cos[start:end], self.sin[start:end], self.n_heads, self.n_kv_heads,
-            self.head_dim,
-        )
+        hidden, _ = self._pass(ids.to(self.device).view(n), start, slice(start, end), None, None)
         if self.keep_hidden:
             self.hidden = hidden
         self.length = end
+
+    def _pass(self, ids, start: int, positions, mask, head):
+        """(hidden, logits or None) of tokens `ids` written to cache slots start..; RoPE at `positions` (a
+        slice or index tensor); `mask` [n, start + n] bool for a tree, None for causal; no LM head if head is None."""
+        if self._native is not None and ids.shape[0] <= _native_rows():
+            hidden, logits = self._native.forward(ids, start, self._cos32[positions], self._sin32[positions], mask,
+                                                  self.k_cache, self.v_cache, head is not None)
+            return hidden.to(self.dtype), logits
+        return self._block(ids, start, self.embed, head, self.norm, self.layers, self.k_cache, self.v_cache,
+                           self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads, self.head_dim, mask)
 
     def _grow(self, needed: int) -> None:
         """(Re)allocate the cache for at least `needed` positions, keeping what is cached."""
@@ -239,6 +247,14 @@ class LeanRunner:
         with torch.no_grad():
             cos, sin = self.model.model.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [capacity, head_dim]
+        if self._native is not None:  # the native pass rotates in float32
+            self._cos32, self._sin32 = cos[0].float().contiguous(), sin[0].float().contiguous()
+
+
+def _native_rows() -> int:
+    from .native import MAX_ROWS
+
+    return MAX_ROWS
 
 
 def _eps(norm: torch.nn.Module) -> float:

@@ -58,6 +58,8 @@ class StaticRunner(LeanRunner):
     `capture_seconds` accumulates the time spent capturing (or compiling) graphs; `captures` counts them.
     """
 
+    supports_native = False  # it replaces the pass itself
+
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = torch.float32, capacity: int | None = None,
                  keep_hidden: bool = False, buckets: tuple[int, ...] = BUCKETS, graphs: str = "auto",
                  backend: str = "eager"):

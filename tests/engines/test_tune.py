@@ -135,7 +135,7 @@ def test_tune_cache_is_reused_and_keyed_by_machine_torch_and_model(home, monkeyp
 def test_the_screen_measures_every_candidate_and_only_the_best_in_full(home):
     setting = sr.tune(llama(0), max_lookahead=3, reps=1, dtypes=["float32", "bfloat16"], threads=[1, 2], cache=False)
     report = setting.report
-    names = {f"{d}/{b}/{t}t" for d in ("float32", "bfloat16") for b in ("eager", "onednn") for t in (1, 2)}
+    names = {f"{d}/{b}/{t}t" for d in ("float32", "bfloat16") for b in kernels.BACKENDS for t in (1, 2)}
     unavailable = {n for n, why in report["skipped"].items() if not why.startswith("screened out")}
     assert set(report["screen"]) | unavailable == names and not set(report["screen"]) & unavailable
     assert all(set(ms) == set(tune_mod.SCREEN_SIZES) and ms[1] > 0 for ms in report["screen"].values())
@@ -149,7 +149,9 @@ def test_unavailable_backend_is_skipped_with_its_reason(home, monkeypatch):
     monkeypatch.setattr(kernels, "_probe_onednn", lambda dtype: "no oneDNN here (test)")
     monkeypatch.setattr(kernels, "_probe_cache", {})
     setting = small_tune(llama(0), dtypes=["float32"], cache=False)
-    assert setting.report["skipped"] == {"float32/onednn/1t": "no oneDNN here (test)"}
+    skipped = setting.report["skipped"]
+    assert skipped.pop("float32/onednn/1t") == "no oneDNN here (test)"
+    assert "bfloat16 weights" in skipped.pop("float32/native/1t") and not skipped  # the native pass is bfloat16 only
     assert setting.candidate.backend == "eager"
 
 

@@ -1,0 +1,172 @@
+"""The native CPU pass: every layer of a Llama-family target over 1-64 new tokens in one C++ call (native.cpp).
+
+Why: a one-token bfloat16 pass of SmolLM2-135M through torch ops took 29.3 ms at 1 thread where
+llama.cpp's F16 pass over the same weights took 12.6 (quiet 2-core AMD EPYC with AVX512-BF16, 300 cached
+tokens, figures/bench/ops-profile-*.json): oneDNN's products for one row stream the weights at about half
+the memory bandwidth, and ~300 small torch ops per pass add their dispatch cost. No library we can install
+has a kernel for "a few bfloat16 rows times a weight matrix at memory speed" with torch's tensors (oneDNN is
+the one torch offers; llama.cpp's ggml is the peer we measure against and holds its own copy of the model),
+so this module compiles one: weights packed once for AVX512-BF16's dot product (or a portable loop the
+compiler vectorises for AVX2), a pass whose norms, RoPE, cache writes, attention and SiLU run in place
+between the products, and threads from torch's own pool (torch.set_num_threads applies).
+
+It is built on first use with torch.utils.cpp_extension (g++, ninja; -O3 -march=native, so for the CPU it
+runs on), once per (source, torch, Python, CPU flags) under $SPECREPRO_HOME/native/; the build takes about
+a minute on 2 cores, and `build_seconds()` reports it. A machine without a compiler gets a one-line reason
+from `unavailable_reason` and the lean runner's other backends.
+
+Numbers: bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
+rounds them); float32 accumulation, residual stream, norms, RoPE, attention and SiLU. The same weights as
+the bfloat16 lean runner, more precise between the products; logits agree with it within bfloat16
+round-off (tests/engines/test_native.py). Use it through `LeanRunner(model, dtype=torch.bfloat16,
+backend="native")`, which `specrepro.tune` measures beside the other backends.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native.cpp")
+MAX_ROWS = 64  # passes over more tokens (prompts) run through the lean runner's torch block
+LANES = 16  # outputs per packed block (native.cpp: kLanes)
+
+_lock = threading.Lock()
+_state: dict = {}  # "module" or "error", and "seconds"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.split(":")[0].strip() in ("flags", "Features")), "")
+    return f"{model}|{flags}"
+
+
+def build_key() -> str:
+    """What the compiled module depends on: the source, torch, Python and the CPU (-march=native)."""
+    ident = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), _cpu_flags()])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def load():
+    """The compiled extension (built on first call, then loaded from $SPECREPRO_HOME/native/<key>).
+    Raises RuntimeError saying why when it cannot be built here."""
+    with _lock:
+        if "module" in _state:
+            return _state["module"]
+        if "error" in _state:
+            raise RuntimeError(_state["error"])
+        try:
+            _state["module"] = _build()
+        except Exception as e:  # no compiler, no ninja, a failed compile: one reason, kept
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
+            raise RuntimeError(_state["error"]) from e
+        return _state["module"]
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    from ..models import specrepro_home
+
+    if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
+        raise RuntimeError(f"no native build for {platform.machine()}")
+    key = build_key()
+    folder = specrepro_home() / "native" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    module = cpp_extension.load(
+        name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
+        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False,
+    )
+    _state["seconds"] = time.perf_counter() - start
+    return module
+
+
+def build_seconds() -> float | None:
+    """Seconds the first load() of this process took (a compile, or a load of the cached build)."""
+    return _state.get("seconds")
+
+
+def simd() -> str:
+    """Which product kernel was compiled: "avx512_bf16" or "portable"."""
+    return load().simd()
+
+
+def unavailable_reason(dtype: torch.dtype, device) -> str | None:
+    """None if the native pass runs `dtype` on `device` here, else why not."""
+    if torch.device(device).type != "cpu":
+        return f"the native pass runs on CPU only, not on {device}"
+    if dtype != torch.bfloat16:
+        return f"the native pass computes with bfloat16 weights, not {dtype} (float32 runs with eager or onednn)"
+    try:
+        load()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def pack(weights, biases=None):
+    """One packed weight (native.cpp's layout) for the projections `weights` of one input, stacked by output.
+
+    weights: [W_i [out_i, in]]; biases: [b_i or None] (None: no biases). Returns native Packed.
+    """
+    module = load()
+    w = torch.cat([t.detach() for t in weights]).to(torch.bfloat16)
+    n, k = w.shape
+    blocks, kp = -(-n // LANES), -(-k // 2)
+    padded = w.new_zeros(blocks * LANES, kp * 2)
+    padded[:n, :k] = w
+    # [blocks, 16, kp, 2] -> [blocks, kp, 16, 2]: a bfloat16 pair (2k low, 2k + 1 high) per int32
+    packed = padded.view(blocks, LANES, kp, 2).permute(0, 2, 1, 3).contiguous().view(torch.int32).view(blocks, kp, LANES)
+    bias = None
+    if biases is not None and any(b is not None for b in biases):
+        bias = torch.cat([b.detach().float() if b is not None else torch.zeros(t.shape[0])
+                          for t, b in zip(weights, biases)])
+    return module.Packed(packed, bias, n, k)
+
+
+def linear(x: torch.Tensor, packed) -> torch.Tensor:
+    """x [rows, in] @ W^T through the native kernel (float32 out); for tests and profiles."""
+    return load().linear(x, packed)
+
+
+def build_model(runner):
+    """The native model of a LeanRunner's weights (the runner's dtype must be bfloat16)."""
+    module = load()
+    model = runner.model
+    base = model.model
+    eps = {_eps(n) for layer in base.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
+    eps.add(_eps(base.norm))
+    if len(eps) != 1:
+        raise ValueError(f"the native pass takes one RMSNorm epsilon, the model has {sorted(eps)}")
+    native = module.Model(runner.embed, runner.norm[0].float(), eps.pop(), runner.n_heads, runner.n_kv_heads,
+                          runner.head_dim)
+    for layer in base.layers:
+        a, m = layer.self_attn, layer.mlp
+        qkv = [a.q_proj, a.k_proj, a.v_proj]
+        native.add_layer(
+            layer.input_layernorm.weight.detach().to(runner.dtype).float(),
+            pack([p.weight for p in qkv], [p.bias for p in qkv]),
+            pack([a.o_proj.weight], [a.o_proj.bias]),
+            layer.post_attention_layernorm.weight.detach().to(runner.dtype).float(),
+            pack([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias]),
+            pack([m.down_proj.weight], [m.down_proj.bias]),
+        )
+    head = model.get_output_embeddings()
+    native.set_head(pack([head.weight], [getattr(head, "bias", None)]))
+    return native
+
+
+def _eps(norm) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
