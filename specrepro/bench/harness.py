@@ -70,7 +70,7 @@ def make_configs(ks, modes=("greedy", "sample"), runners=("hf", "lean"), hf=True
     return out
 
 
-RUNNER_KINDS = ("hf", "lean", "onednn", "compiled", "frozen", "tuned")
+RUNNER_KINDS = ("hf", "lean", "onednn", "native", "compiled", "frozen", "tuned")
 
 
 def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
@@ -81,6 +81,10 @@ def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
                          "@float32 or @bfloat16")
     if name and (kind in ("hf", "tuned") or name not in ("float32", "bfloat16")):
         raise ValueError(f"runner {spec!r}: only lean, onednn, compiled and frozen take @float32 or @bfloat16")
+    if kind == "native":  # the native pass computes with bfloat16 weights (specrepro.engines.native)
+        if name not in ("", "bfloat16"):
+            raise ValueError(f"runner {spec!r}: the native pass is bfloat16 only")
+        return kind, torch.bfloat16
     return kind, getattr(torch, name) if name else dtype
 
 
@@ -90,7 +94,7 @@ class Setup:
     draft: a causal LM, a ModelDraft (its model is used), a LookupDraft (HF's prompt lookup is its HF
     twin) or any other Draft (ours only). adaptive_threshold: the confidence stop of the "adaptive" runs.
     runners: "hf" (our loop over the HF model), "lean" (LeanRunner, eager linears), "onednn" (LeanRunner
-    with oneDNN-prepacked linears), "compiled" (LeanRunner under torch.compile), each optionally
+    with oneDNN-prepacked linears), "native" (LeanRunner's C++ bfloat16 pass), "compiled" (LeanRunner under torch.compile), each optionally
     "@float32" / "@bfloat16" (default: `dtype`), and "tuned" (the runner sr.tune picks for this draft,
     with the acceptance measured on `tune_prompt` if given, which also gives tune's K).
     A model draft runs on the same kind of runner as the target, in the same dtype.
@@ -121,7 +125,7 @@ class Setup:
                 self.targets[name] = FrozenRunner(target, dtype=dt)
             else:
                 self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
-                                                backend="onednn" if kind == "onednn" else "eager")
+                                                backend=kind if kind in ("onednn", "native") else "eager")
             if draft is None:
                 continue
             if not self.draft_is_model:
@@ -354,6 +358,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="greedy,sample")
     ap.add_argument("--runners", default="hf,lean",
                     help="ours on: hf (HF model forward with its cache), lean, onednn (lean, oneDNN-prepacked linears), "
+                         "native (lean, the C++ bfloat16 pass of specrepro.engines.native), "
                          "compiled (lean under torch.compile), frozen (one-token step compiled by inductor with "
                          "frozen weights, specrepro.engines.frozen), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")

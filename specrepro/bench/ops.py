@@ -39,9 +39,9 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def one_token_ms(runner, context: int, reps: int = 30, warmup: int = 3) -> float:
-    """Median ms of runner.forward over one token after `context` cached tokens (rolled back each time)."""
-    tok = torch.tensor([5])
+def one_token_ms(runner, context: int, reps: int = 30, warmup: int = 3, n: int = 1) -> float:
+    """Median ms of runner.forward over one token (or n) after `context` cached tokens (rolled back each time)."""
+    tok = torch.arange(5, 5 + n)
     for _ in range(warmup):
         runner.rollback(context)
         runner.forward(tok)
@@ -78,11 +78,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--runners", default="onednn@bfloat16,lean@bfloat16,onednn@float32",
-                    help="lean or onednn (LeanRunner's linear backend) or frozen (specrepro.engines.frozen) @ float32 "
-                         "or bfloat16")
+                    help="lean, onednn or native (LeanRunner's backend) or frozen (specrepro.engines.frozen) @ float32 "
+                         "or bfloat16 (native: bfloat16 only; its pass is one C++ op here)")
     ap.add_argument("--llamacpp", default="", help="also time llama.cpp's one-token pass of these GGUF kinds, e.g. q4_1,f16")
     ap.add_argument("--passes", type=int, default=10, help="one-token passes under the profiler per runner")
     ap.add_argument("--reps", type=int, default=20, help="interleaved unprofiled one-token passes per runner")
+    ap.add_argument("--sizes", default="1",
+                    help="also time passes over these numbers of tokens (interleaved like the one-token pass), e.g. "
+                         "1,2,3,4,5,9,17: v(K) = pass(K + 1) / pass(1)")
     ap.add_argument("--out", default="figures/bench/ops-profile")
     args = ap.parse_args(argv)
     from ..engines.lean import LeanRunner
@@ -100,14 +103,14 @@ def main(argv=None) -> dict:
     runners = {}
     for spec in args.runners.split(","):
         kind, _, dtype = spec.partition("@")
-        if kind not in ("lean", "onednn", "frozen") or dtype not in ("float32", "bfloat16"):
-            ap.error(f"--runners: {spec!r} is not lean|onednn|frozen@float32|bfloat16")
+        if kind not in ("lean", "onednn", "native", "frozen") or dtype not in ("float32", "bfloat16"):
+            ap.error(f"--runners: {spec!r} is not lean|onednn|native|frozen@float32|bfloat16")
         if kind == "frozen":  # the compiled one-token step (specrepro.engines.frozen); compiled on first use
             from ..engines.frozen import FrozenRunner
 
             runners[spec] = FrozenRunner(model, dtype=getattr(torch, dtype), capacity=args.context + 8)
             continue
-        runners[spec] = LeanRunner(model, dtype=getattr(torch, dtype), backend="eager" if kind == "lean" else "onednn",
+        runners[spec] = LeanRunner(model, dtype=getattr(torch, dtype), backend="eager" if kind == "lean" else kind,
                                    capacity=args.context + 8)
     result = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "context": args.context, "torch": torch.__version__,
               "by_threads": {}}
@@ -130,12 +133,25 @@ def main(argv=None) -> dict:
             for kind, peer in peers.items():
                 times[f"llamacpp:{kind}"].append(peer.pass_ms(prefix, 1, reps=1))
         entry = {name: {"one_token_ms": statistics.median(t), "samples": len(t)} for name, t in times.items()}
+        sizes = sorted({int(k) for k in args.sizes.split(",")} - {1})
+        if sizes:  # passes over more tokens, interleaved across runners and sizes
+            blocks = {spec: {k: [] for k in sizes} for spec in runners}
+            for _ in range(args.reps):
+                for spec, r in runners.items():
+                    for k in sizes:
+                        blocks[spec][k].append(one_token_ms(r, args.context, reps=1, warmup=0, n=k))
+            for spec in runners:
+                ms = {1: entry[spec]["one_token_ms"], **{k: statistics.median(v) for k, v in blocks[spec].items()}}
+                entry[spec]["pass_ms"] = ms
+                entry[spec]["v"] = {k - 1: ms[k] / ms[1] for k in ms if k > 1}
         for spec, r in runners.items():
             entry[spec].update(profile_ops(r, args.context, args.passes))
         result["by_threads"][n] = entry
         for spec, e in entry.items():
             groups = " ".join(f"{g} {ms:.1f}" for g, ms in sorted(e.get("groups", {}).items(), key=lambda kv: -kv[1]))
             print(f"{n} thread(s) {spec:22s} {e['one_token_ms']:6.1f} ms/pass   profiled: {groups}", flush=True)
+            if "v" in e:
+                print(f"{'':14s}{spec:22s} v(K): " + " ".join(f"{k}:{v:.2f}" for k, v in e["v"].items()), flush=True)
     write_json(f"{args.out}.json", result)
     return result
 

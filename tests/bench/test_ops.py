@@ -19,6 +19,7 @@ def test_profile_groups_every_op_of_a_one_token_pass():
     # 2 layers x (q/k/v, o, gate/up, down) + the LM head, each pass: 7 x 2 + 1 = 15 F.linear calls (eager)
     assert out["ops"]["aten::linear"]["calls"] == 15
     assert runner.length == 21 and ops.one_token_ms(runner, 20, reps=3) > 0
+    assert ops.one_token_ms(runner, 20, reps=3, n=4) > 0 and runner.length == 24  # a pass over 4 tokens (v(3))
     assert ops.group_of("aten::bmm") == "attention" and ops.group_of("aten::something_new") == "other"
 
 
