@@ -9,6 +9,7 @@ import os
 import statistics
 from pathlib import Path
 
+from ..stats.intervals import ratio_ci
 from ..stats.speedup import acceptance_mle, loop_cost_bound, predicted_speedup
 
 
@@ -95,8 +96,25 @@ def paired_speedup(rows: list[dict], name: str, reference: str, key: str = "ms_p
     pairs = [ms[(reference, rep, pr)] / v for (n, rep, pr), v in ms.items() if n == name and (reference, rep, pr) in ms]
     return statistics.median(pairs) if pairs else None
 
+def prompt_ratio_ci(rows: list[dict], name: str, reference: str, key: str = "ms_per_token") -> list[float] | None:
+    """[ratio, low, high]: reference ms/token / name ms/token, each averaged over repetitions per prompt, then
+    summed over prompts, with its 95% bootstrap interval resampling prompts (the unit that varies: repetitions
+    of one prompt are not independent). None without at least one prompt that both ran."""
+    per: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["name"] in (name, reference) and r.get(key) is not None:
+            per.setdefault((r["name"], r["prompt"]), []).append(r[key])
+    prompts = sorted({p for n, p in per if n == name} & {p for n, p in per if n == reference})
+    if not prompts:
+        return None
+    ref = [statistics.mean(per[(reference, p)]) for p in prompts]
+    mine = [statistics.mean(per[(name, p)]) for p in prompts]
+    return list(ratio_ci(ref, mine))
+
+
 def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
-    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster).
+    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster);
+    against llama.cpp also "..._ci": [ratio of per-prompt means, 95% low, high] over prompts.
 
     ars_vs_hf_generate: our fastest ArS against HF generate(). fastest_sps_vs_fastest_ars: our fastest SpS
     (any runner, any K) against our fastest ArS (any runner), whole generations including the prompt pass. sps_vs_hf_assisted: our fastest fixed-K SpS
@@ -124,6 +142,8 @@ def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
                 if mine_row:
                     line[f"{label}_vs_llamacpp_{peer['runner']}"] = paired_speedup(rows, mine_row["name"], peer["name"])
                     line[f"{label}_decode_vs_llamacpp_{peer['runner']}"] = paired_speedup(
+                        rows, mine_row["name"], peer["name"], key="decode_ms_per_token")
+                    line[f"{label}_decode_vs_llamacpp_{peer['runner']}_ci"] = prompt_ratio_ci(
                         rows, mine_row["name"], peer["name"], key="decode_ms_per_token")
         if ars and gen:
             line["ars_vs_hf_generate"] = paired_speedup(rows, ars["name"], gen["name"])

@@ -148,7 +148,7 @@ def test_bench_compares_runner_settings_and_reports_the_memory_floor(tmp_path, m
     assert len(f32) == 1
 
 
-@pytest.mark.parametrize("spec", ["fast", "hf@bfloat16", "lean@float16", "tuned@float32"])
+@pytest.mark.parametrize("spec", ["fast", "hf@bfloat16", "lean@float16", "tuned@float32", "native@float32"])
 def test_bad_runner_specs_are_clear_errors(spec, capsys):
     with pytest.raises(ValueError, match="runner"):
         bench.parse_runner(spec, torch.float32)
@@ -174,3 +174,17 @@ def test_bench_runs_token_trees_beside_chains():
     line = result["headline"][0]
     assert line["tree_vs_chain"] > 0 and line["tree_tau_over_chain_tau"] > 0
     assert len({tuple(r["ids"]) for r in result["rows"]}) == 1  # greedy: trees emit the target's tokens too
+
+
+def test_prompt_ratio_ci_averages_repetitions_and_resamples_prompts():
+    from specrepro.bench.report import prompt_ratio_ci
+
+    # peer 10 ms/token on every prompt; ours 5 on prompt 0 (two repetitions: 4 and 6) and 10 on prompts 1, 2
+    rows = [dict(name="peer", prompt=p, rep=r, ms=10.0) for p in range(3) for r in range(2)]
+    rows += [dict(name="ours", prompt=0, rep=0, ms=4.0), dict(name="ours", prompt=0, rep=1, ms=6.0)]
+    rows += [dict(name="ours", prompt=p, rep=r, ms=10.0) for p in (1, 2) for r in range(2)]
+    rows.append(dict(name="ours", prompt=3, rep=0, ms=1.0))  # a prompt the peer did not run is left out
+    point, low, high = prompt_ratio_ci(rows, "ours", "peer", key="ms")
+    assert point == pytest.approx(30 / 25)
+    assert low == pytest.approx(1.0) and high == pytest.approx(2.0)  # all-peer-speed and all-prompt-0 resamples
+    assert prompt_ratio_ci(rows, "ours", "nobody", key="ms") is None
