@@ -159,20 +159,53 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
+// out[j] = scale * q . keys[j * d ..] for j < len
+inline void attention_scores(const float* q, const float* keys, int64_t len, int64_t d, float scale, float* out) {
+  int64_t j = 0;
+#ifdef SPECREPRO_AVX512
+  if (d % 16 == 0 && d <= 256) {  // four keys at a time, their four sums reduced together
+    const int64_t chunks = d / 16;
+    __m512 qv[16];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+    for (; j + 4 <= len; j += 4) {
+      const float* k = keys + j * d;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) {
+        a0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), a0);
+        a1 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + d + 16 * c), a1);
+        a2 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 2 * d + 16 * c), a2);
+        a3 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 3 * d + 16 * c), a3);
+      }
+      // per 128-bit lane: [a0 a1 a2 a3] partial sums, then the four lanes added
+      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+      const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+      const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(out + j, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+  }
+#endif
+  for (; j < len; ++j) out[j] = dot(q, keys + j * d, d) * scale;
+}
+
 // out[0..d) = sum_j w[j] * v[j * d ..] over j < len with w[j] != 0
 inline void weighted_sum(const float* w, const float* v, int64_t len, int64_t d, float* out) {
 #ifdef SPECREPRO_AVX512
-  if (d % 16 == 0 && d <= 256) {
-    __m512 acc[16];
+  if (d % 16 == 0 && d <= 256) {  // two accumulator sets (even and odd keys): half the FMA latency chain
+    __m512 acc[2][16];
     const int64_t chunks = d / 16;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
       if (w[j] == 0.f) continue;
       const __m512 e = _mm512_set1_ps(w[j]);
       const float* vj = v + j * d;
-      for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+      __m512* a = acc[j & 1];
+      for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vj + 16 * c), a[c]);
     }
-    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
     return;
   }
 #endif
@@ -183,6 +216,102 @@ inline void weighted_sum(const float* w, const float* v, int64_t len, int64_t d,
     for (int64_t c = 0; c < d; ++c) out[c] += w[j] * vj[c];
   }
 }
+
+#ifdef SPECREPRO_AVX512
+constexpr int kMaxQueries = 12;  // queries of one kv head per attention task
+
+// out[r] = inv[r] * sum_j w[r * len + j] * vals[j], r < R, d = 16 * C: each value row loaded once for R queries
+template <int C, int R>
+void weighted_sums(const float* w, int64_t len, const float* vals, const float* inv, float* const* out) {
+  constexpr int64_t d = 16 * C;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < len; ++j) {
+    __m512 v[C];
+    for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(vals + j * d + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512 e = _mm512_set1_ps(w[r * len + j]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(e, v[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out[r] + 16 * c, _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inv[r])));
+}
+
+// Attention of nq <= kMaxQueries queries that read the same kv head, d = 16 * C: each key and value row is
+// loaded once for all of them (per query head, the loads alone outran the arithmetic). Query r sees keys
+// j < lim[r] that allowed[r] (if not null) allows; sc: scratch [nq, len], len = max lim.
+template <int C>
+void attend_shared(const float* const* q, const int64_t* lim, const bool* const* allowed, int nq, const float* keys,
+                   const float* vals, int64_t len, float scale, float* sc, float* const* out) {
+  constexpr int64_t d = 16 * C;
+  int64_t j = 0;
+  for (; j + 4 <= len; j += 4) {
+    __m512 k[4][C];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < C; ++c) k[i][c] = _mm512_loadu_ps(keys + (j + i) * d + 16 * c);
+    for (int r = 0; r < nq; ++r) {
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int c = 0; c < C; ++c) {
+        const __m512 qc = _mm512_loadu_ps(q[r] + 16 * c);
+        for (int i = 0; i < 4; ++i) a[i] = _mm512_fmadd_ps(qc, k[i][c], a[i]);
+      }
+      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+      const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+      const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(sc + r * len + j, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+  }
+  for (; j < len; ++j)
+    for (int r = 0; r < nq; ++r) sc[r * len + j] = dot(q[r], keys + j * d, d) * scale;
+  float inv[kMaxQueries];
+  for (int r = 0; r < nq; ++r) {  // softmax over what query r sees; every other weight 0
+    float* s = sc + r * len;
+    const int64_t seen = lim[r];
+    if (allowed[r])
+      for (int64_t jj = 0; jj < seen; ++jj) s[jj] = allowed[r][jj] ? s[jj] : -INFINITY;
+    float top = -INFINITY;
+    for (int64_t jj = 0; jj < seen; ++jj) top = std::max(top, s[jj]);
+    if (top == -INFINITY) {  // sees no key (a bad tree mask): zeros
+      std::fill(s, s + len, 0.f);
+      inv[r] = 0.f;
+      continue;
+    }
+    inv[r] = 1.0f / exp_shifted(s, seen, top);
+    std::fill(s + seen, s + len, 0.f);
+  }
+  for (int r0 = 0; r0 < nq; r0 += 6) {  // weighted sums, six queries' accumulators (in registers) at a time
+    const int nr = std::min(6, nq - r0);
+    const float* w = sc + r0 * len;
+    float* const* o = out + r0;
+    switch (nr) {
+      case 1: weighted_sums<C, 1>(w, len, vals, inv + r0, o); break;
+      case 2: weighted_sums<C, 2>(w, len, vals, inv + r0, o); break;
+      case 3: weighted_sums<C, 3>(w, len, vals, inv + r0, o); break;
+      case 4: weighted_sums<C, 4>(w, len, vals, inv + r0, o); break;
+      case 5: weighted_sums<C, 5>(w, len, vals, inv + r0, o); break;
+      default: weighted_sums<C, 6>(w, len, vals, inv + r0, o); break;
+    }
+  }
+}
+
+using SharedFn = void (*)(const float* const*, const int64_t*, const bool* const*, int, const float*, const float*,
+                          int64_t, float, float*, float* const*);
+SharedFn shared_kernel(int64_t d) {
+  switch (d) {
+    case 16: return &attend_shared<1>;
+    case 32: return &attend_shared<2>;
+    case 48: return &attend_shared<3>;
+    case 64: return &attend_shared<4>;
+    default: return nullptr;
+  }
+}
+#endif
 
 struct Packed {
   at::Tensor w;     // int32 [blocks, kp, 16]
@@ -398,7 +527,8 @@ class Model {
     at::Tensor normed = at::empty({n, h}, f32), pairs = at::empty({n, kp_max}, f32.dtype(at::kInt));
     at::Tensor qkv = at::empty({n, l0.qkv.width()}, f32), proj = at::empty({n, std::max(l0.o.width(), l0.down.width())}, f32);
     at::Tensor gu = at::empty({n, l0.gate_up.width()}, f32), act = at::empty({n, inter}, f32);
-    at::Tensor attn = at::empty({n, q_width}, f32), scores = at::empty({n * heads_, end}, f32);
+    // attention scratch: a row per (token, head), or kMaxQueries rows per shared-kv task (at most n * heads of them)
+    at::Tensor attn = at::empty({n, q_width}, f32), scores = at::empty({n * heads_ + 16 * kv_heads_, end}, f32);
     float *hn = normed.data_ptr<float>(), *qs = qkv.data_ptr<float>(), *ps = proj.data_ptr<float>();
     float *gs = gu.data_ptr<float>(), *as = act.data_ptr<float>(), *os = attn.data_ptr<float>();
     float* ss = scores.data_ptr<float>();
@@ -424,32 +554,59 @@ class Model {
           std::memcpy(vl + (g * capacity + start + t) * d, row + q_width + kv_width + g * d, d * sizeof(float));
         }
       }
-      at::parallel_for(0, n * heads_, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t t = i / heads_, hh = i % heads_, g = hh / group;
-          const float* qv = qs + t * ldq + hh * d;
-          const float* keys = kl + g * capacity * d;
-          const float* vals = vl + g * capacity * d;
-          float* sc = ss + i * end;
-          const bool* allowed = mask_data ? mask_data + t * end : nullptr;
-          const int64_t last = allowed ? end : start + t + 1;  // causal: keys 0..start + t
-          for (int64_t j = 0; j < last; ++j) sc[j] = dot(qv, keys + j * d, d) * scale;
-          if (allowed)  // a key the tree hides gets no weight (its score is not used)
-            for (int64_t j = 0; j < last; ++j) sc[j] = allowed[j] ? sc[j] : -INFINITY;
-          float top = -INFINITY;
-          for (int64_t j = 0; j < last; ++j) top = std::max(top, sc[j]);
-          float* out = os + t * q_width + hh * d;
-          if (top == -INFINITY) {  // a row that sees no key (a bad tree mask) gives zeros
-            std::fill(out, out + d, 0.f);
-            continue;
+#ifdef SPECREPRO_AVX512
+      if (SharedFn kernel = shared_kernel(d)) {  // tasks: (kv head, up to kMaxQueries of its queries)
+        const int64_t per_head = n * group, chunks = (per_head + kMaxQueries - 1) / kMaxQueries;
+        at::parallel_for(0, kv_heads_ * chunks, 1, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t g = i / chunks, first = (i % chunks) * kMaxQueries;
+            const int nq = static_cast<int>(std::min<int64_t>(kMaxQueries, per_head - first));
+            const float* qp[kMaxQueries];
+            float* op[kMaxQueries];
+            const bool* ap[kMaxQueries];
+            int64_t lim[kMaxQueries], len = 0;
+            for (int r = 0; r < nq; ++r) {  // query (token t, head g * group + r') in token-major order
+              const int64_t t = (first + r) / group, hh = g * group + (first + r) % group;
+              qp[r] = qs + t * ldq + hh * d;
+              op[r] = os + t * q_width + hh * d;
+              ap[r] = mask_data ? mask_data + t * end : nullptr;
+              lim[r] = mask_data ? end : start + t + 1;
+              len = std::max(len, lim[r]);
+            }
+            kernel(qp, lim, ap, nq, kl + g * capacity * d, vl + g * capacity * d, len, scale,
+                   ss + i * kMaxQueries * end, op);
           }
-          const float total = exp_shifted(sc, last, top);  // hidden keys: exp(-inf) = 0
-          weighted_sum(sc, vals, last, d, out);
-          const float inv = 1.0f / total;  // total >= 1: the top key's weight is exp(0)
+        });
+      } else
+#endif
+      {
+        at::parallel_for(0, n * heads_, 1, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t t = i / heads_, hh = i % heads_, g = hh / group;
+            const float* qv = qs + t * ldq + hh * d;
+            const float* keys = kl + g * capacity * d;
+            const float* vals = vl + g * capacity * d;
+            float* sc = ss + i * end;
+            const bool* allowed = mask_data ? mask_data + t * end : nullptr;
+            const int64_t last = allowed ? end : start + t + 1;  // causal: keys 0..start + t
+            attention_scores(qv, keys, last, d, scale, sc);
+            if (allowed)  // a key the tree hides gets no weight (its score is not used)
+              for (int64_t j = 0; j < last; ++j) sc[j] = allowed[j] ? sc[j] : -INFINITY;
+            float top = -INFINITY;
+            for (int64_t j = 0; j < last; ++j) top = std::max(top, sc[j]);
+            float* out = os + t * q_width + hh * d;
+            if (top == -INFINITY) {  // a row that sees no key (a bad tree mask) gives zeros
+              std::fill(out, out + d, 0.f);
+              continue;
+            }
+            const float total = exp_shifted(sc, last, top);  // hidden keys: exp(-inf) = 0
+            weighted_sum(sc, vals, last, d, out);
+            const float inv = 1.0f / total;  // total >= 1: the top key's weight is exp(0)
 #pragma omp simd
-          for (int64_t c = 0; c < d; ++c) out[c] *= inv;
-        }
-      });
+            for (int64_t c = 0; c < d; ++c) out[c] *= inv;
+          }
+        });
+      }
       to_pairs(os, n, q_width, q_width, xp, L.o.kp);
       gemv(L.o, xp, n, L.o.kp, ps);
       for (int64_t t = 0; t < n; ++t)
@@ -507,8 +664,10 @@ at::Tensor linear(const at::Tensor& x, const Packed& p) {
 }
 
 const char* simd() {
-#ifdef SPECREPRO_DPBF16
+#if defined(SPECREPRO_DPBF16)
   return "avx512_bf16";
+#elif defined(SPECREPRO_AVX512)
+  return "avx512";
 #else
   return "portable";
 #endif

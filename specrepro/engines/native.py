@@ -24,6 +24,7 @@ backend="native")`, which `specrepro.tune` measures beside the other backends.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import sys
 import threading
@@ -51,9 +52,16 @@ def _cpu_flags() -> str:
     return f"{model}|{flags}"
 
 
+def extra_flags() -> list[str]:
+    """$SPECREPRO_NATIVE_CFLAGS, after -march=native: e.g. "-mno-avx512f" builds the portable kernels that a
+    CPU without AVX512 runs (the tests check them that way on an AVX512 machine)."""
+    return os.environ.get("SPECREPRO_NATIVE_CFLAGS", "").split()
+
+
 def build_key() -> str:
-    """What the compiled module depends on: the source, torch, Python and the CPU (-march=native)."""
-    ident = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), _cpu_flags()])
+    """What the compiled module depends on: the source, torch, Python, the CPU (-march=native) and extra flags."""
+    ident = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), _cpu_flags(),
+                        " ".join(extra_flags())])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
@@ -68,7 +76,9 @@ def load():
         try:
             _state["module"] = _build()
         except Exception as e:  # no compiler, no ninja, a failed compile: one reason, kept
-            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            # a compiler's message is more use than ninja's command line
+            first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
             _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
             raise RuntimeError(_state["error"]) from e
         return _state["module"]
@@ -87,7 +97,7 @@ def _build():
     start = time.perf_counter()
     module = cpp_extension.load(
         name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False,
+        extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
     )
     _state["seconds"] = time.perf_counter() - start
     return module
@@ -99,7 +109,7 @@ def build_seconds() -> float | None:
 
 
 def simd() -> str:
-    """Which product kernel was compiled: "avx512_bf16" or "portable"."""
+    """Which kernels were compiled: "avx512_bf16", "avx512" (products portable) or "portable"."""
     return load().simd()
 
 
