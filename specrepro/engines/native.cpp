@@ -122,9 +122,10 @@ inline float exp_shifted(float* x, int64_t len, float shift) {
   }
   total = _mm512_reduce_add_ps(sum);
 #endif
-  for (; i < len; ++i) {
-    x[i] = fast_exp(x[i] - shift);
-    total += x[i];
+#pragma omp simd reduction(+ : total)
+  for (int64_t k = i; k < len; ++k) {
+    x[k] = fast_exp(x[k] - shift);
+    total += x[k];
   }
   return total;
 }
@@ -155,7 +156,8 @@ inline float dot(const float* a, const float* b, int64_t d) {
   for (; c + 16 <= d; c += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc0);
   s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 #endif
-  for (; c < d; ++c) s += a[c] * b[c];
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = c; k < d; ++k) s += a[k] * b[k];
   return s;
 }
 
@@ -213,6 +215,7 @@ inline void weighted_sum(const float* w, const float* v, int64_t len, int64_t d,
   for (int64_t j = 0; j < len; ++j) {
     if (w[j] == 0.f) continue;
     const float* vj = v + j * d;
+#pragma omp simd
     for (int64_t c = 0; c < d; ++c) out[c] += w[j] * vj[c];
   }
 }
