@@ -420,6 +420,10 @@ def main(argv=None) -> dict:
         setup=setup, trees=trees,
     )
     meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    from ..engines import native
+
+    if native.describe() is not None:  # a native runner ran: its kernels and build time
+        meta["native"] = native.describe()
     if peers:
         import llama_cpp
 

@@ -1,9 +1,10 @@
 """The native CPU pass: every layer of a Llama-family target over 1-64 new tokens in one C++ call (native.cpp).
 
-Why: a one-token bfloat16 pass of SmolLM2-135M through torch ops took 29.3 ms at 1 thread where
-llama.cpp's F16 pass over the same weights took 12.6 (quiet 2-core AMD EPYC with AVX512-BF16, 300 cached
-tokens, figures/bench/ops-profile-*.json): oneDNN's products for one row stream the weights at about half
-the memory bandwidth, and ~300 small torch ops per pass add their dispatch cost. No library we can install
+Why: a one-token bfloat16 pass of SmolLM2-135M through torch ops (oneDNN linears) takes 28.7 ms at 1
+thread where llama.cpp's F16 pass over the same weights takes 12.7, and this pass 11.0 (quiet 2-core AMD
+EPYC with AVX512-BF16, 300 cached tokens, figures/bench/ops-profile-native.json): oneDNN's products for one
+row stream the weights at about half the memory bandwidth, and ~300 small torch ops per pass add their
+dispatch cost. No library we can install
 has a kernel for "a few bfloat16 rows times a weight matrix at memory speed" with torch's tensors (oneDNN is
 the one torch offers; llama.cpp's ggml is the peer we measure against and holds its own copy of the model),
 so this module compiles one: weights packed once for AVX512-BF16's dot product (or a portable loop the
@@ -11,8 +12,8 @@ compiler vectorises for AVX2), a pass whose norms, RoPE, cache writes, attention
 between the products, and threads from torch's own pool (torch.set_num_threads applies).
 
 It is built on first use with torch.utils.cpp_extension (g++, ninja; -O3 -march=native, so for the CPU it
-runs on), once per (source, torch, Python, CPU flags) under $SPECREPRO_HOME/native/; the build takes about
-a minute on 2 cores, and `build_seconds()` reports it. A machine without a compiler gets a one-line reason
+runs on), once per (source, torch, Python, CPU flags, $SPECREPRO_NATIVE_CFLAGS) under
+$SPECREPRO_HOME/native/; the build took 19 s on the 2-core EPYC, and `build_seconds()` reports it. A machine without a compiler gets a one-line reason
 from `unavailable_reason` and the lean runner's other backends.
 
 Numbers: bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
@@ -106,6 +107,15 @@ def _build():
 def build_seconds() -> float | None:
     """Seconds the first load() of this process took (a compile, or a load of the cached build)."""
     return _state.get("seconds")
+
+
+def describe() -> dict | None:
+    """{"simd", "build_seconds" (this process's first load: a compile or a cached load), "flags"} once the
+    module is loaded in this process, else None (tune and the bench put it in their reports)."""
+    if "module" not in _state:
+        return None
+    return {"simd": _state["module"].simd(), "build_seconds": _state.get("seconds"),
+            "flags": ["-O3", "-march=native", *extra_flags()]}
 
 
 def simd() -> str:

@@ -147,6 +147,10 @@ def tune(
         "acceptance_source": a_source, **choice, "costs": measured["costs"], "screen": measured.get("screen", {}),
         "skipped": measured.get("skipped", {}),
     }
+    if any(c.backend == "native" for c in candidates):
+        from . import native
+
+        report["native"] = native.describe()  # which kernels were compiled, and the build time
     return Setting(target=runner, lookahead=choice["lookahead"], candidate=cand, tree=tree,
                    report=report)
 

@@ -103,6 +103,8 @@ def test_native_pass_matches_a_float32_runner_on_the_same_bfloat16_weights(tied,
         assert (wrong - want).abs().max() > 0.3 * scale  # another model is far outside that bound
     assert runner.hidden.dtype == torch.bfloat16 and runner.hidden.shape == (1, 64)
     assert runner.capacity >= 102
+    info = native.describe()  # what tune's and the bench's reports carry
+    assert info["simd"] in ("avx512_bf16", "avx512", "portable") and info["build_seconds"] >= 0
 
 
 def test_native_chunks_equal_one_token_at_a_time_bit_for_bit():
