@@ -310,11 +310,7 @@ def test_tree_pass_and_compaction_equal_fresh_forwards(make_runner):
     runner.prefill(context[:-1])
     logits = tree_module.verify(runner, context[-1:], tree)
     assert runner.length == len(context) + len(tree)
-    for node in [-1] + list(range(len(tree))):
-        path = tree.path(node) if node >= 0 else []
-        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
-        fresh = model(input_ids=seq.view(1, -1)).logits[0, -1]
-        torch.testing.assert_close(logits[node + 1], fresh, rtol=1e-4, atol=1e-4)
+    check_tree_logits(logits, context, tree, lambda seq: model(input_ids=seq.view(1, -1)).logits[0, -1])
     for path in ([1, 5, 7], [0, 3, 6], [2]):  # compaction after each accepted path, on a fresh tree pass
         runner = make_runner(model)
         runner.prefill(context[:-1])
@@ -329,6 +325,15 @@ def test_tree_pass_and_compaction_equal_fresh_forwards(make_runner):
         # and the runner goes on from the compacted cache as from a fresh one
         nxt = torch.tensor([1])
         torch.testing.assert_close(runner.forward(nxt), reference.forward(nxt), rtol=1e-4, atol=1e-4)
+
+
+def check_tree_logits(logits, context, tree, last_logits, tol=1e-4):
+    """A tree pass's logits (row 0 the root, row i + 1 node i) against last_logits(sequence) of the plain
+    sequence: context followed by the node's path."""
+    for node in [-1] + list(range(len(tree))):
+        path = tree.path(node) if node >= 0 else []
+        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
+        torch.testing.assert_close(logits[node + 1], last_logits(seq), rtol=tol, atol=tol)
 
 
 def kv(runner):

@@ -24,14 +24,15 @@ def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=12
     return LlamaForCausalLM(config).eval()
 
 
-def run_chunks(runner, ids):
-    """Logits of every position of ids, fed in CHUNKS with rollbacks in between."""
+def run_chunks(runner, ids, chunks=CHUNKS):
+    """(start, end, logits, hidden) of each forward of ids[start:end], fed in `chunks` with rollbacks in between."""
     runner.reset()
     rows = []
-    for start, end in CHUNKS:
+    for start, end in chunks:
         runner.rollback(start)
         assert runner.length == start
         logits = runner.forward(ids[start:end])
+        assert runner.length == end
         rows.append((start, end, logits, getattr(runner, "hidden", None)))
     return rows
 

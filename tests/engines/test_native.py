@@ -16,7 +16,8 @@ from specrepro.engines.lean import LeanRunner
 from specrepro.engines.static import StaticRunner
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))
-from test_tree import fixed_tree  # noqa: E402  (the tree test_tree checks the HF and lean runners on)
+from test_tree import check_tree_logits, fixed_tree  # noqa: E402  (the tree test_tree checks the HF and lean runners on)
+from test_lean import run_chunks  # noqa: E402  (the lean runner's chunked feeding, rollbacks in between)
 
 # The build needs g++ (the CI script installs it): without one, the reason is the skip's message; with one,
 # a failed build fails these tests.
@@ -73,13 +74,7 @@ CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30), (30,
 
 def feed(runner, ids, chunks=CHUNKS):
     """Logits per chunk (start, end), rolling back where a chunk starts before the cached length."""
-    runner.reset()
-    out = []
-    for start, end in chunks:
-        runner.rollback(start)
-        assert runner.length == start
-        out.append(runner.forward(ids[start:end]))
-    return out
+    return [logits for _, _, logits, _ in run_chunks(runner, ids, chunks)]
 
 
 @pytest.mark.parametrize("tied,heads,kv_heads,bias", [(False, 4, 2, False), (True, 4, 4, False), (False, 4, 1, True),
@@ -125,11 +120,8 @@ def test_native_tree_pass_and_compaction_equal_plain_passes():
     runner = LeanRunner(m, dtype=torch.bfloat16, backend="native")
     runner.prefill(context[:-1])
     logits = tree_module.verify(runner, context[-1:], tree)
-    for node in [-1] + list(range(len(tree))):
-        path = tree.path(node) if node >= 0 else []
-        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
-        fresh = LeanRunner(m, dtype=torch.bfloat16, backend="native")
-        torch.testing.assert_close(logits[node + 1], fresh.forward(seq)[-1], rtol=1e-5, atol=1e-5)
+    check_tree_logits(logits, context, tree, lambda seq: LeanRunner(m, dtype=torch.bfloat16, backend="native").forward(seq)[-1],
+                      tol=1e-5)
     runner.compact(tree_module.keep_slots(len(context) - 1, [1, 5, 7]))
     accepted = torch.cat([context, torch.tensor([tree.tokens[i] for i in [1, 5, 7]])])
     reference = LeanRunner(m, dtype=torch.bfloat16, backend="native")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_lean import llama  # the same tiny Llama the lean runner is checked on
+from test_lean import llama, run_chunks  # the same tiny Llama and chunked feeding the lean runner is checked with
 
 import specrepro as sr
 from conftest import EOS, tiny_llama
@@ -32,17 +32,6 @@ ALPHA = 0.01 / 2  # the chain and the tree run below; each wrong variant must fa
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 33), (30, 31), (31, 110), (100, 120)]
 
 
-def run_chunks(runner, ids):
-    runner.reset()
-    out = []
-    for start, end in CHUNKS:
-        runner.rollback(start)
-        assert runner.length == start
-        out.append((runner.forward(ids[start:end]), runner.hidden))
-        assert runner.length == end
-    return out
-
-
 def test_bucket_for():
     assert [bucket_for(n, BUCKETS) for n in (1, 2, 3, 5, 9, 33, 64, 65)] == [1, 2, 4, 8, 16, 64, 64, 65]
 
@@ -54,7 +43,7 @@ def test_logits_and_hidden_match_lean_over_buckets_rollbacks_and_growth(tied, kv
     lean = LeanRunner(model, keep_hidden=True)
     static = StaticRunner(model, capacity=8, keep_hidden=True)  # grows 8 -> 16 -> 32 -> 64 -> 128 on the way
     assert static.graphs == "none"
-    for (a, ha), (b, hb), (start, end) in zip(run_chunks(lean, ids), run_chunks(static, ids), CHUNKS):
+    for (start, end, a, ha), (_, _, b, hb) in zip(run_chunks(lean, ids, CHUNKS), run_chunks(static, ids, CHUNKS)):
         assert b.dtype == torch.float32 and b.shape == (end - start, 50)
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(hb, ha, atol=1e-5, rtol=1e-5)
@@ -93,17 +82,14 @@ def test_padding_never_leaks_into_real_rows():
 def test_tree_pass_and_compaction_equal_fresh_forwards(on_host):
     model = llama()
     context = torch.tensor([0, 3, 2, 2, 7, 9])
-    from test_tree import fixed_tree  # the tree test_tree checks the HF and lean runners on
+    from test_tree import check_tree_logits, fixed_tree  # the tree and check test_tree runs on the HF and lean runners
 
     tree = fixed_tree(50)  # 9 rows with the root: bucket 16
     runner = StaticRunner(model, capacity=16)
     runner.prefill(context[:-1])
     logits = tree_module.verify(runner, context[-1:], tree)
     assert runner.length == len(context) + len(tree)
-    for node in [-1] + list(range(len(tree))):
-        path = tree.path(node) if node >= 0 else []
-        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
-        torch.testing.assert_close(logits[node + 1], model(seq.view(1, -1)).logits[0, -1], rtol=1e-4, atol=1e-4)
+    check_tree_logits(logits, context, tree, lambda seq: model(seq.view(1, -1)).logits[0, -1])
     for path in ([1, 5, 7], [0, 3, 6], [2], []):
         runner = StaticRunner(model, capacity=16)
         runner.prefill(context[:-1])
