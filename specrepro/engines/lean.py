@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .kernels import Linear, check_backend, resolve_backend
+from .native import MAX_ROWS as NATIVE_MAX_ROWS
 
 
 def set_threads(n: int | None = None) -> int:
@@ -220,7 +221,7 @@ class LeanRunner:
     def _pass(self, ids, start: int, positions, mask, head):
         """(hidden, logits or None) of tokens `ids` written to cache slots start..; RoPE at `positions` (a
         slice or index tensor); `mask` [n, start + n] bool for a tree, None for causal; no LM head if head is None."""
-        if self._native is not None and ids.shape[0] <= _native_rows():
+        if self._native is not None and ids.shape[0] <= NATIVE_MAX_ROWS:
             hidden, logits = self._native.forward(ids, start, self._cos32[positions], self._sin32[positions], mask,
                                                   self.k_cache, self.v_cache, head is not None)
             return hidden.to(self.dtype), logits
@@ -249,12 +250,6 @@ class LeanRunner:
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [capacity, head_dim]
         if self._native is not None:  # the native pass rotates in float32
             self._cos32, self._sin32 = cos[0].float().contiguous(), sin[0].float().contiguous()
-
-
-def _native_rows() -> int:
-    from .native import MAX_ROWS
-
-    return MAX_ROWS
 
 
 def _eps(norm: torch.nn.Module) -> float:

@@ -166,6 +166,19 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
+#ifdef SPECREPRO_AVX512
+// [sum(a0), sum(a1), sum(a2), sum(a3)]: per 128-bit lane the four partial sums, then the four lanes added
+inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
+
 // out[j] = scale * q . keys[j * d ..] for j < len
 inline void attention_scores(const float* q, const float* keys, int64_t len, int64_t d, float scale, float* out) {
   int64_t j = 0;
@@ -183,15 +196,7 @@ inline void attention_scores(const float* q, const float* keys, int64_t len, int
         a2 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 2 * d + 16 * c), a2);
         a3 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 3 * d + 16 * c), a3);
       }
-      // per 128-bit lane: [a0 a1 a2 a3] partial sums, then the four lanes added
-      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
-      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-      const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-      const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
-                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
-      const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-      _mm_storeu_ps(out + j, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      _mm_storeu_ps(out + j, _mm_mul_ps(sum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
     }
   }
 #endif
@@ -265,14 +270,7 @@ void attend_shared(const float* const* q, const int64_t* lim, const bool* const*
         const __m512 qc = _mm512_loadu_ps(q[r] + 16 * c);
         for (int i = 0; i < 4; ++i) a[i] = _mm512_fmadd_ps(qc, k[i][c], a[i]);
       }
-      const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-      const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-      const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-      const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
-                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
-      const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-      _mm_storeu_ps(sc + r * len + j, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      _mm_storeu_ps(sc + r * len + j, _mm_mul_ps(sum4(a[0], a[1], a[2], a[3]), _mm_set1_ps(scale)));
     }
   }
   for (; j < len; ++j)

@@ -172,14 +172,14 @@ def build_model(runner):
         raise ValueError(f"the native pass takes one RMSNorm epsilon, the model has {sorted(eps)}")
     native = module.Model(runner.embed, runner.norm[0].float(), eps.pop(), runner.n_heads, runner.n_kv_heads,
                           runner.head_dim)
-    for layer in base.layers:
+    for layer, (ln1, _, _, ln2, _, _) in zip(base.layers, runner.layers):  # norms as the runner holds them
         a, m = layer.self_attn, layer.mlp
         qkv = [a.q_proj, a.k_proj, a.v_proj]
         native.add_layer(
-            layer.input_layernorm.weight.detach().to(runner.dtype).float(),
+            ln1[0].float(),
             pack([p.weight for p in qkv], [p.bias for p in qkv]),
             pack([a.o_proj.weight], [a.o_proj.bias]),
-            layer.post_attention_layernorm.weight.detach().to(runner.dtype).float(),
+            ln2[0].float(),
             pack([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias]),
             pack([m.down_proj.weight], [m.down_proj.bias]),
         )
