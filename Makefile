@@ -30,7 +30,7 @@ test: notebooks
 	$(PY) -m pytest -q -p no:cacheprovider tests runs/notebooks/ --nbval-lax --nbval-current-env
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not notebooks" tests
 
 # RETRAIN=1 make reproduce: retrain the shipped drafts from scratch first (make drafts), then reproduce with them
 reproduce: setup

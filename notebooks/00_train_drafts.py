@@ -34,10 +34,11 @@ import torch
 from IPython.display import Markdown
 
 import specrepro as sr
-from specrepro.experiments import notebook as ex
+from specrepro.experiments.records import repo_root, run_header, write_outputs
+from specrepro.experiments.results import markdown_table
 
-os.chdir(ex.repo_root())
-meta = ex.run_header(profile, seed, threads, notebook="00_train_drafts", target=target, kinds=kinds,
+os.chdir(repo_root())
+meta = run_header(profile, seed, threads, notebook="00_train_drafts", target=target, kinds=kinds,
                      budget_minutes=budget_minutes, max_steps=max_steps)
 q_model, tokenizer = sr.load_model(target) if kinds else (None, None)
 rows = []
@@ -48,5 +49,5 @@ for spec in kinds:
     done = json.loads((path / "complete.json").read_text())
     rows.append({"kind": kind, "artifact": path.name, **{k: v for k, v in done.items() if not isinstance(v, (list, dict))}})
 if rows:
-    ex.write_outputs(out_dir, "draft_training", rows, meta)
-Markdown(ex.markdown_table(rows)) if rows else Markdown("No drafts to train in this profile.")
+    write_outputs(out_dir, "draft_training", rows, meta)
+Markdown(markdown_table(rows)) if rows else Markdown("No drafts to train in this profile.")

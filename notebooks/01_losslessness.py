@@ -40,28 +40,31 @@ import os
 from pathlib import Path
 
 from IPython.display import Image, Markdown
-from specrepro.experiments import notebook as ex, plots
-from specrepro.sampling import SamplingConfig
+from specrepro.experiments import plots
+from specrepro.experiments.lossless import joint_table, run_losslessness
+from specrepro.experiments.records import repo_root, results_folder, run_header, write_outputs
+from specrepro.experiments.results import markdown_table
+from specrepro.algorithm.sampling import SamplingConfig
 
-os.chdir(ex.repo_root())
-results_dir = ex.results_folder("01_losslessness", globals())  # keyed by the effective parameters and the code
-meta = ex.run_header(profile, seed, threads, notebook="01_losslessness", n_samples=n_samples, n_tokens=n_tokens,
+os.chdir(repo_root())
+results_dir = results_folder("01_losslessness", globals())  # keyed by the effective parameters and the code
+meta = run_header(profile, seed, threads, notebook="01_losslessness", n_samples=n_samples, n_tokens=n_tokens,
                      vocab=vocab, alpha=alpha, settings=settings,
                      models="specrepro.stats.toy.tiny_llama x2 (hidden 16, 1 layer, logit_scale 12, no EOS), seeds target 0, draft 1")
 
 # %%
-rows = ex.run_losslessness(settings, Path(results_dir) / "losslessness.jsonl", n_samples=n_samples,
+rows = run_losslessness(settings, Path(results_dir) / "losslessness.jsonl", n_samples=n_samples,
                            n_tokens=n_tokens, vocab=vocab, alpha=alpha, chunk=chunk, seed=seed)
 joint = []
 for s in settings[:2] + settings[-1:]:
     sampling = SamplingConfig(s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"))
-    joint += [{"setting": s["name"], **r} for r in ex.joint_table(Path(results_dir) / "losslessness.jsonl",
+    joint += [{"setting": s["name"], **r} for r in joint_table(Path(results_dir) / "losslessness.jsonl",
                                                                    s["name"], vocab=vocab, n_tokens=n_tokens,
                                                                    sampling=sampling)]
-ex.write_outputs(out_dir, "losslessness_joint", joint, meta)
-ex.write_outputs(out_dir, "losslessness", rows, meta)
+write_outputs(out_dir, "losslessness_joint", joint, meta)
+write_outputs(out_dir, "losslessness", rows, meta)
 Image(plots.plot_losslessness(out_dir)[0])
 
 # %%
-Markdown(ex.markdown_table(rows, ["setting", "n_samples", "cells", "chi2", "dof", "pvalue", "alpha_corrected",
+Markdown(markdown_table(rows, ["setting", "n_samples", "cells", "chi2", "dof", "pvalue", "alpha_corrected",
                                   "tv_distance", "expected_to_pass", "passes"]))

@@ -13,7 +13,7 @@
 # percentiles, and the speedup Leviathan et al. predict from acceptance a, the draft/target cost ratio c and
 # the verify cost v(K) = (target pass over K+1 tokens) / (one-token pass), all measured in this run.
 # Token times exclude the prompt prefill (identical for ArS and SpS). Token trees (`trees`) run beside the
-# chains on the same prompts: one target pass verifies the whole tree (specrepro.tree); in the figure they are
+# chains on the same prompts: one target pass verifies the whole tree (specrepro.algorithm.tree); in the figure they are
 # stars at K = their depth, and their v is the pass over nodes + 1 tokens.
 
 # %% tags=["parameters"]
@@ -48,33 +48,37 @@ import torch
 from IPython.display import Image, Markdown
 
 import specrepro as sr
-from specrepro.experiments import notebook as ex, plots
+from specrepro.experiments import plots
+from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
+from specrepro.experiments.results import markdown_table
+from specrepro.experiments.sweep import run_lookahead_sweep
+from specrepro.experiments.workloads import code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug, tuned_target
 
-os.chdir(ex.repo_root())
-results_dir = ex.results_folder("02_lookahead_sweep", globals())  # keyed by the effective parameters and the code
-meta = ex.run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
+os.chdir(repo_root())
+results_dir = results_folder("02_lookahead_sweep", globals())  # keyed by the effective parameters and the code
+meta = run_header(profile, seed, threads, notebook="02_lookahead_sweep", target=target, draft=draft, dtype=dtype,
                      device=device, lookaheads=lookaheads, trees=trees, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, n_news=n_news, n_code=n_code, repeats=repeats)
-q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
-p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
+q_model, tokenizer = load_target(target, dtype, device, device_map, max_memory)
+p_model = make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
-runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)
-if ex.compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
-    p_model = ex.make_draft(draft, q_model, dtype=ex.compute_dtype(runner), device=device)
-prompts = {"news": ex.news_items(tokenizer, n_news, news_source), "code": ex.code_items(tokenizer, n_code, code_source)}
+runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
+if compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
+    p_model = make_draft(draft, q_model, dtype=compute_dtype(runner), device=device)
+prompts = {"news": news_items(tokenizer, n_news, news_source), "code": code_items(tokenizer, n_code, code_source)}
 meta["prompt_sources"] = {t: items[0]["source"] for t, items in prompts.items()}
 
 # %%
-out = ex.run_lookahead_sweep(runner, p_model, prompts, lookaheads, max_new_tokens,
+out = run_lookahead_sweep(runner, p_model, prompts, lookaheads, max_new_tokens,
                              {"temperature": temperature, "top_p": top_p},
-                             Path(results_dir) / f"lookahead_sweep-{ex.slug(draft)}.jsonl", seed=seed,
-                             eos=ex.eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats, trees=trees)
+                             Path(results_dir) / f"lookahead_sweep-{slug(draft)}.jsonl", seed=seed,
+                             eos=eos_ids(tokenizer), repeats=repeats, cost_repeats=cost_repeats, trees=trees)
 meta["costs"] = out["costs"]
-ex.write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
+write_outputs(out_dir, "lookahead_sweep", out["rows"], meta)
 Image(plots.plot_lookahead(out_dir)[0])
 
 # %%
-table = ex.markdown_table(out["rows"], [
+table = markdown_table(out["rows"], [
     "task", "K", "tree", "ms_per_token", "speedup", "predicted_speedup", "tau_over_K1", "ms_per_loop",
     "p50_ms", "p90_ms", "p99_ms", "a", "c", "v"])
-Markdown(ex.profile_note(profile) + table)
+Markdown(profile_note(profile) + table)

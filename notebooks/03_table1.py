@@ -61,41 +61,45 @@ import torch
 from IPython.display import Image, Markdown
 
 import specrepro as sr
-from specrepro.experiments import notebook as ex, plots
+from specrepro.experiments import plots
+from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
+from specrepro.experiments.results import markdown_table
+from specrepro.experiments.table1 import PAPER_TABLE1_SOURCE, run_table1
+from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, slug, tuned_target
 
-os.chdir(ex.repo_root())
-results_dir = ex.results_folder("03_table1", globals())  # keyed by the effective parameters and the code
-meta = ex.run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
+os.chdir(repo_root())
+results_dir = results_folder("03_table1", globals())  # keyed by the effective parameters and the code
+meta = run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
                      device=device, lookahead=lookahead, tree=tree, n_news=n_news, n_code=n_code, code_samples=code_samples,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
-                     code_top_p=code_top_p, paper_source=ex.PAPER_TABLE1_SOURCE)
-q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
-p_model = ex.make_draft(draft, q_model, dtype=q_model.dtype, device=device)
+                     code_top_p=code_top_p, paper_source=PAPER_TABLE1_SOURCE)
+q_model, tokenizer = load_target(target, dtype, device, device_map, max_memory)
+p_model = make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
-runner, meta["tune"] = ex.tuned_target(q_model, p_model, dtype, threads)
-if ex.compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
-    p_model = ex.make_draft(draft, q_model, dtype=ex.compute_dtype(runner), device=device)
-news = ex.news_items(tokenizer, n_news, news_source)
-code = ex.code_items(tokenizer, n_code, code_source)
+runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
+if compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
+    p_model = make_draft(draft, q_model, dtype=compute_dtype(runner), device=device)
+news = news_items(tokenizer, n_news, news_source)
+code = code_items(tokenizer, n_code, code_source)
 
 # %%
 settings = {"news": {"nucleus": {"temperature": news_temperature, "top_p": news_top_p}, "greedy": {"temperature": 0.0}},
             "humaneval": {"greedy": {"temperature": 0.0},
                           "nucleus": {"temperature": code_temperature, "top_p": code_top_p, "n_items": n_code_nucleus}}}
-rows = ex.run_table1(runner, p_model, tokenizer, news, code, settings,
-                     Path(results_dir) / f"table1-{ex.slug(draft)}.jsonl", lookahead=lookahead,
+rows = run_table1(runner, p_model, tokenizer, news, code, settings,
+                     Path(results_dir) / f"table1-{slug(draft)}.jsonl", lookahead=lookahead,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed, tree=tree)
-ex.write_outputs(out_dir, "table1", rows, meta)
+write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
-table = ex.markdown_table(rows, [
+table = markdown_table(rows, [
     "benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
     "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup", "speedup_ci_low",
     "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p"])
-Markdown(ex.profile_note(profile) + table)
+Markdown(profile_note(profile) + table)
 
 # %% [markdown]
 # The paired tests of quality (per SpS row, Wilcoxon signed-rank over items of SpS minus ArS: ROUGE-2 on news,

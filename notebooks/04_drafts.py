@@ -42,22 +42,26 @@ import torch
 from IPython.display import Image, Markdown
 
 import specrepro as sr
-from specrepro.experiments import notebook as ex, plots
+from specrepro.experiments import plots
+from specrepro.experiments.drafts_table import measure_drafts
+from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
+from specrepro.experiments.results import markdown_table
+from specrepro.experiments.workloads import code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, tuned_target
 
-os.chdir(ex.repo_root())
-results_dir = ex.results_folder("04_drafts", globals())  # keyed by the effective parameters and the code
-meta = ex.run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
+os.chdir(repo_root())
+results_dir = results_folder("04_drafts", globals())  # keyed by the effective parameters and the code
+meta = run_header(profile, seed, threads, notebook="04_drafts", target=target, dtype=dtype, drafts=drafts,
                      lookaheads=lookaheads, trees=trees, n_news=n_news, n_code=n_code, max_new_tokens=max_new_tokens,
                      temperatures=temperatures, top_p=top_p)
-q_model, tokenizer = ex.load_target(target, dtype, device, device_map, max_memory)
+q_model, tokenizer = load_target(target, dtype, device, device_map, max_memory)
 # one runner for every draft (so all rows share one ArS baseline): the setting sr.tune measures fastest here
 # for a loop with a free draft (prompt lookup)
-runner, meta["tune"] = ex.tuned_target(q_model, ex.make_draft("lookup", q_model), dtype, threads)
-prompts = {"news": ex.news_items(tokenizer, n_news), "code": ex.code_items(tokenizer, n_code)}
-rows = ex.measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
-                         Path(results_dir) / "drafts.jsonl", seed=seed, eos=ex.eos_ids(tokenizer), top_p=top_p,
-                         dtype=ex.compute_dtype(runner), runner=runner, trees=trees)  # drafts compute as the target runs
-ex.write_outputs(out_dir, "drafts", rows, meta)
+runner, meta["tune"] = tuned_target(q_model, make_draft("lookup", q_model), dtype, threads)
+prompts = {"news": news_items(tokenizer, n_news), "code": code_items(tokenizer, n_code)}
+rows = measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
+                         Path(results_dir) / "drafts.jsonl", seed=seed, eos=eos_ids(tokenizer), top_p=top_p,
+                         dtype=compute_dtype(runner), runner=runner, trees=trees)  # drafts compute as the target runs
+write_outputs(out_dir, "drafts", rows, meta)
 Image(plots.plot_drafts(out_dir)[0])
 
 # %% [markdown]
@@ -69,6 +73,6 @@ for r in rows:
     key = (r["draft"], r["task"], r["temperature"])
     if key not in best or r["speedup"] > best[key]["speedup"]:
         best[key] = r
-table = ex.markdown_table(list(best.values()), [
+table = markdown_table(list(best.values()), [
     "draft", "task", "temperature", "K", "tree", "a", "tau", "c", "v", "speedup", "predicted_speedup"])
-Markdown(ex.profile_note(profile) + table)
+Markdown(profile_note(profile) + table)

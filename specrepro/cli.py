@@ -11,7 +11,7 @@ import sys
 TOOLS = {
     "reproduce": "specrepro.experiments.reproduce",
     "bench": "specrepro.bench.harness",
-    "tune": "specrepro.engines.tuning",
+    "tune": "specrepro.tuning.tune",
     "tree-tau": "specrepro.experiments.tree_tau",
     "plots": "specrepro.experiments.plots",
 }

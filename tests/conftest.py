@@ -1,15 +1,11 @@
-import os
-
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from specrepro.stats.toy import tiny_llama  # noqa: F401  (tests import it from here)
+from helpers import tiny_llama
 
 # Tests run on 2 cores next to other work: one thread keeps timings of the suite predictable.
 torch.set_num_threads(1)
-
-EOS = 1  # the default eos_token_id of specrepro.stats.toy.tiny_llama
 
 
 @pytest.fixture(scope="session")

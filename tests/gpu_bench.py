@@ -11,7 +11,7 @@ prompts), batch 1, in --dtype, greedy and T = 1 (no top-k/top-p), for every prom
 Times are wall clock with CUDA synchronised, ms per new token; each prompt's run is repeated --reps times
 and its median kept; ratios are paired per prompt, reported as ratio of sums with a bootstrap 95% CI
 (specrepro.stats.intervals.ratio_ci) over prompts. Also: the pass costs (v(K)) of each runner and each
-draft's step cost c = draft step / one-token target pass (specrepro.engines.costs), the capture seconds,
+draft's step cost c = draft step / one-token target pass (specrepro.tuning.costs), the capture seconds,
 and whether greedy SpS reproduced greedy ArS token for token on the same runner.
 --random-weights: the target's config and tokenizer from the --target directory (no weights needed there:
 what fits in a device call's 64 MiB), its weights random (seed 0). Pass costs, c, v(K), ArS and HF times do
@@ -65,12 +65,12 @@ def hf_generate(model, ids, n, greedy, static, seed):
 def main(argv=None) -> dict:
     import specrepro as sr
     from specrepro.drafts.spec import make_draft
-    from specrepro.engines.costs import measure_cost_table
+    from specrepro.tuning.costs import measure_cost_table
     from specrepro.engines.lean import LeanRunner
     from specrepro.engines.static import StaticRunner
     from specrepro.experiments.workloads import code_items, news_items
     from specrepro.stats.intervals import ratio_ci
-    from specrepro.tree import parse_tree
+    from specrepro.algorithm.tree import parse_tree
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import specrepro as sr
-from specrepro.tree import tree_specs
-from conftest import tiny_llama
+from specrepro.algorithm.tree import tree_specs
+from helpers import tiny_llama, word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +82,10 @@ def test_ars_rejects_bad_sampling(pair):
         sr.autoregressive_generate(target, PROMPT, temperature=-0.5)
 
 
-def _word_tokenizer(words):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
-
-
 def test_mismatched_tokenizers():
-    a = _word_tokenizer(["<unk>", "</s>", "hello", "world"])
-    b = _word_tokenizer(["<unk>", "</s>", "world", "hello"])
-    sr.check_tokenizers(a, _word_tokenizer(["<unk>", "</s>", "hello", "world"]))
+    a = word_tokenizer(["<unk>", "</s>", "hello", "world"])
+    b = word_tokenizer(["<unk>", "</s>", "world", "hello"])
+    sr.check_tokenizers(a, word_tokenizer(["<unk>", "</s>", "hello", "world"]))
     with pytest.raises(ValueError, match="tokenizers differ .*2 with different ids"):
         sr.check_tokenizers(a, b)
 
@@ -102,8 +93,8 @@ def test_mismatched_tokenizers():
 # --- every other public entry point: tasks, stats, drafts, sandbox, experiments ---------------------------
 
 def _bad_inputs():
-    from specrepro.experiments import notebook as ex
-    from specrepro.sampling import SamplingConfig
+    from specrepro.experiments.records import check_params, run_header
+    from specrepro.algorithm.sampling import SamplingConfig
     from specrepro.stats.exact import exact_joint
     from specrepro.tasks.humaneval import load_humaneval, pass_at_k
     from specrepro.tasks.news import load_news
@@ -145,9 +136,9 @@ def _bad_inputs():
         ("lookup ngram type", lambda: sr.drafts.LookupDraft(10, max_ngram=2.0), ValueError, "min_ngram"),
         ("lookup window", lambda: sr.drafts.LookupDraft(10, context_window=0), ValueError, "context_window"),
         ("truncated layers", lambda: sr.drafts.TruncatedDraft(model, n_layers=1), ValueError, "n_layers must be"),
-        ("notebook parameter", lambda: ex.check_params({"n_sampels": 5}, {"n_samples"}), ValueError,
+        ("notebook parameter", lambda: check_params({"n_sampels": 5}, {"n_samples"}), ValueError,
          r"unknown parameter\(s\) \['n_sampels'\]"),
-        ("profile", lambda: ex.run_header("laptop", 0, 1), ValueError, "unknown profile"),
+        ("profile", lambda: run_header("laptop", 0, 1), ValueError, "unknown profile"),
         ("K = 0 in a setting", lambda: _losslessness_with(lookahead=0), ValueError, r"lookahead \(K\)"),
         ("K = 33 in a setting", lambda: _losslessness_with(lookahead=33), ValueError, r"in 1\.\.32"),
     ]
@@ -156,10 +147,10 @@ def _bad_inputs():
 def _losslessness_with(lookahead):
     import tempfile
 
-    from specrepro.experiments import notebook as ex
+    from specrepro.experiments.lossless import run_losslessness
 
     with tempfile.TemporaryDirectory() as tmp:
-        ex.run_losslessness([{"name": "x", "sampler": "sps", "lookahead": lookahead}], f"{tmp}/r.jsonl",
+        run_losslessness([{"name": "x", "sampler": "sps", "lookahead": lookahead}], f"{tmp}/r.jsonl",
                             n_samples=2, chunk=2)
 
 

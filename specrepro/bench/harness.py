@@ -3,7 +3,7 @@
 Every configuration runs on the same prompts, target, draft and seeds; the order of configurations is
 rotated at every repetition so that noise from other work on the machine hits all of them alike. Reported:
 median ms/token and tokens/s, the median over (prompt, repetition) pairs of the ratio to our ArS, the
-acceptance rate a, tau, the measured cost ratios c and v(K) (specrepro.engines.costs, the measurement the notebooks
+acceptance rate a, tau, the measured cost ratios c and v(K) (specrepro.tuning.costs, the measurement the notebooks
 and tune use), and the Leviathan et al. prediction (1 - a^(K+1)) / ((1 - a)(K c + v(K))) beside the
 measured speedup; the CPU model and flags and a memory-floor probe with every result.
 
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .report import config_name, format_table, headline, summarise, write_results
-from ..engines.costs import measure_cost_table
+from ..tuning.costs import measure_cost_table
 from ..drafts.base import ModelDraft
 from ..drafts.lookup import LookupDraft
 from ..engines.lean import LeanRunner, is_llama_like, set_threads
@@ -28,10 +28,10 @@ from . import llamacpp
 from .profiling import profile_sps
 from ..engines.runners import HFRunner, input_device, split_reason
 from ..engines.machine import copy_bandwidth, cpu_info, describe_cpu, weight_bytes
-from ..speculative import MAX_LOOKAHEAD, autoregressive_generate, speculative_generate
-from ..tree import parse_tree
-from ..engines.tuning import tune
-from ..experiments.workloads import builtin_prompts, load_draft, task_prompts
+from ..generate import autoregressive_generate, speculative_generate
+from ..algorithm.tree import parse_tree
+from ..tuning.tune import tune
+from ..experiments.workloads import builtin_prompts, load_draft, parse_ks, task_prompts
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5, trees=()) -> dict:
-    """specrepro.engines.costs for every runner of the setup with its draft, interleaved: {runner: costs}; with
+    """specrepro.tuning.costs for every runner of the setup with its draft, interleaved: {runner: costs}; with
     trees, also the pass over each tree's nodes + 1 (its v is keyed by the node count)."""
     pairs = {r: (runner, setup.drafts.get(r)) for r, runner in setup.targets.items()}
     return measure_cost_table(pairs, prefix, ks, reps, extra_sizes=[t.nodes + 1 for t in trees])
@@ -324,25 +324,6 @@ def memory_floor_probe(setup: Setup, costs: dict) -> dict:
 
 
 
-
-
-def parse_ks(text: str) -> list[int]:
-    """'1,2,4' or '1-7' or '1,2,...,7'."""
-    text = text.replace(" ", "")
-    if ",...," in text:
-        lo, hi = text.split(",...,")
-        return list(range(int(lo.split(",")[0]), int(hi) + 1))
-    out = []
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            out += range(int(lo), int(hi) + 1)
-        elif part:
-            out.append(int(part))
-    bad = [k for k in out if not 1 <= k <= MAX_LOOKAHEAD]
-    if not out or bad:
-        raise ValueError(f"--ks: lookaheads must be integers in 1..{MAX_LOOKAHEAD}, got {text!r}")
-    return out
 
 
 def main(argv=None) -> dict:

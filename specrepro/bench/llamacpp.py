@@ -6,7 +6,7 @@ optional `llama-cpp-python` is installed (`pip install 'specrepro[llamacpp]'`, w
 set CMAKE_ARGS="-DGGML_NATIVE=ON" for this CPU's instructions).
 
 What is timed: `Llama.eval` over the prompt, then one `Llama.eval` per new token, the next token chosen
-from llama.cpp's float32 logits by our own sampler (greedy argmax, or `specrepro.sampling.sample` with the
+from llama.cpp's float32 logits by our own sampler (greedy argmax, or `specrepro.algorithm.sampling.sample` with the
 run's torch.Generator at T = 1): the same selection code as our loops, so the comparison is the engines'.
 Peers: "q4_1" (the shipped file itself), and "f16" / "bf16" / "f32", conversions of it made once by
 llama.cpp's own quantize tool (`llama_model_quantize`, allow_requantize: the Q4_1 weights dequantized, then
@@ -127,7 +127,7 @@ class LlamaCppPeer:
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> dict:
         """Plain decoding: eval the prompt, then one eval per new token. Returns ids, seconds, decode_seconds."""
-        from ..sampling import SamplingConfig, sample
+        from ..algorithm.sampling import SamplingConfig, sample
 
         ids = [int(t) for t in prompt.view(-1).tolist()]
         if not ids:
@@ -173,7 +173,7 @@ class LlamaCppPeer:
 
     def costs(self, prefix: torch.Tensor, ks, reps: int = 5) -> dict:
         """{"target_ms": {n: median ms of one eval over n tokens after prefix}, "v": {K: target_ms[K+1] / target_ms[1]}},
-        the sizes interleaved; the shape of specrepro.engines.costs' table, so the bench reports both alike."""
+        the sizes interleaved; the shape of specrepro.tuning.costs' table, so the bench reports both alike."""
         sizes = sorted({1} | {k + 1 for k in ks})
         times: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(reps):

@@ -7,17 +7,15 @@ import time
 import torch
 
 from ..drafts.base import ModelDraft
-from ..engines.runners import vocab_size
-from ..sampling import SamplingConfig, sample
-from ..speculative import rejection_step, speculative_generate
+from ..algorithm.sampling import SamplingConfig, sample
+from ..algorithm.speculative import rejection_step
+from ..generate import speculative_generate
 
 class _Timed:
     """A runner proxy that appends the wall time of each forward (and prefill) to times[key]."""
 
     def __init__(self, runner, times: dict, key: str):
         self.__dict__.update(_runner=runner, _times=times, _key=key)
-        if not hasattr(runner, "vocab_size"):  # HFRunner: the loop asks the runner or its config
-            self.__dict__["vocab_size"] = vocab_size(runner.model)
         if hasattr(runner, "prefill"):
             self.__dict__["prefill"] = self._prefill
 

@@ -3,7 +3,8 @@ from .base import Draft, ModelDraft, as_draft
 from .feature import FeatureDraft
 from .heads import HeadsDraft
 from .hybrid import HybridDraft
-from .lookup import LookupDraft, TruncatedDraft, truncated_model
+from .lookup import LookupDraft
+from .truncated import TruncatedDraft, truncated_model
 from .small import SmallDraft
 from .trainer import KINDS, load, train
 

@@ -1,4 +1,4 @@
-"""The draft interface of speculative_generate, and the draft made from any HF causal LM.
+"""The base class of draft strategies, and the draft made from any HF causal LM (Algorithm 2's draft model).
 
 A draft proposes k tokens after `seq` and returns the distribution each was drawn from (p rows over the
 full vocabulary, after the same sampling transforms the target gets). Deterministic proposers return
@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import torch
 
-from ..engines.runners import HFRunner, context_window, vocab_size
-from ..sampling import SamplingConfig, sample
+from ..algorithm.sampling import SamplingConfig, sample
+from ..algorithm.tree import attention_mask
+from ..engines.runners import HFRunner, Runner, context_window, vocab_size
+from .growing import draft_children, grow
 
 
 class Draft:
-    """Base class of draft strategies.
+    """Base class of draft strategies (specrepro.algorithm.speculative.Proposer is what the loop needs).
 
     Subclasses set `vocab_size` (the target's, since p is over the target vocabulary) and implement
-    `propose`. `calls` counts the forward passes the draft made (its share of the cost).
+    `propose`. `calls` counts the forward passes the draft made (its share of the cost). `children` is how
+    drafts that grow trees draw a node's sampled children (specrepro.drafts.growing).
     """
 
     vocab_size: int
     wants_target_hidden: bool = False
     context_window: int | None = None
+    children = staticmethod(draft_children)
 
     def __init__(self) -> None:
         self.calls = 0
@@ -70,11 +74,11 @@ class ModelDraft(Draft):
         if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] or None, got {confidence_threshold!r}")
         self.confidence_threshold = confidence_threshold
-        if hasattr(model, "rollback"):  # already a runner, e.g. specrepro.engines.lean.LeanRunner
+        if isinstance(model, Runner):  # already a runner, e.g. specrepro.engines.lean.LeanRunner
             self.runner = model
             self.model = getattr(model, "model", None)
-            self.vocab_size = getattr(model, "vocab_size", None) or vocab_size(model.model)
-            self.context_window = getattr(model, "context_window", None)
+            self.vocab_size = model.vocab_size
+            self.context_window = model.context_window
         else:
             self.model = model
             self.runner = default_runner(model)
@@ -113,12 +117,10 @@ class ModelDraft(Draft):
         return tokens, torch.stack(probs)
 
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
-        """A token tree after seq (specrepro.tree.grow): one batched draft pass per level, each fed node
-        attending to the context and its ancestors. The cache is rolled back to seq afterwards.
+        """A token tree after seq (specrepro.drafts.growing.grow): one batched draft pass per level, each fed
+        node attending to the context and its ancestors. The cache is rolled back to seq afterwards.
         confidence_threshold is not used: the tree's shape is set by its TreeSpec. seed: forced first
-        children per path (a hybrid's lookup trie; see tree.grow)."""
-        from ..tree import attention_mask, grow
-
+        children per path (a hybrid's lookup trie; see growing.grow)."""
         seq = seq.to(self.runner.device)
         n = seq.shape[0]
         keep = min(common_prefix_length(self.tokens.to(seq.device), seq), n - 1)
@@ -143,7 +145,7 @@ class ModelDraft(Draft):
             self.calls += 1
             return logits
 
-        tree = grow(spec, sampling, generator, root_logits, next_logits, seed)
+        tree = grow(spec, sampling, generator, root_logits, next_logits, seed, self.children)
         self.runner.rollback(n)
         self.tokens = seq
         return tree
@@ -169,7 +171,7 @@ def as_draft(draft) -> Draft:
         return draft
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "get_output_embeddings"):
         return ModelDraft(draft)
-    if hasattr(draft, "rollback") and hasattr(draft, "forward"):  # a runner (HFRunner, LeanRunner)
+    if isinstance(draft, Runner):  # HFRunner, LeanRunner, ...
         return ModelDraft(draft)
     raise TypeError(
         f"draft must be a Hugging Face causal LM, a runner or a specrepro.drafts.Draft, got {type(draft).__name__}"

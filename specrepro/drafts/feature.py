@@ -17,7 +17,7 @@ from .common import expand_logits, reduced_soft_targets, soft_ce
 from .layers import DecoderLayer, KVCache, RMSNorm
 from ..engines.kernels import inference_linear
 from ..engines.runners import context_window, vocab_size
-from ..sampling import sample
+from ..algorithm.sampling import sample
 
 DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
             "batch": 4, "window": 128}
@@ -139,9 +139,10 @@ class FeatureDraft(Draft):
 
     @torch.inference_mode()
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
-        """A token tree (specrepro.tree.grow): each level's nodes roll forward from their parent's feature
+        """A token tree (specrepro.drafts.growing.grow): each level's nodes roll forward from their parent's feature
         in one batched step, attending to the real positions and their ancestors."""
-        from ..tree import attention_mask, grow
+        from ..algorithm.tree import attention_mask
+        from .growing import grow
 
         seq = seq.to(self.device)
         f, real = self._root_feature(seq, target_hidden)
@@ -164,7 +165,7 @@ class FeatureDraft(Draft):
             return logits_of(out)
 
         self.calls += 1
-        tree = grow(spec, sampling, generator, logits_of(f[0, -1]), next_logits, seed)
+        tree = grow(spec, sampling, generator, logits_of(f[0, -1]), next_logits, seed, self.children)
         self.cache.truncate(real)
         self.tokens = seq
         return tree

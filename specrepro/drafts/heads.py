@@ -16,7 +16,7 @@ from .base import Draft
 from .common import expand_logits, reduced_soft_targets, soft_ce
 from .feature import FrozenTargetParts
 from ..engines.runners import context_window, vocab_size
-from ..sampling import sample
+from ..algorithm.sampling import sample
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
@@ -94,13 +94,13 @@ class HeadsDraft(Draft):
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
         """Medusa-style tree: a node at depth d gets its children from head d + 1 (the last head beyond K),
         whatever its own token; all heads come from one pass."""
-        from ..tree import grow
+        from .growing import grow
 
         logits = self._logits(seq, target_hidden)
         self.calls += 1
         last = len(logits) - 1
         return grow(spec, sampling, generator, logits[0],
-                    lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]], seed)
+                    lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]], seed, self.children)
 
     def _logits(self, seq, target_hidden) -> torch.Tensor:
         """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device."""

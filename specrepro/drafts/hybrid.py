@@ -55,12 +55,12 @@ class HybridDraft(Draft):
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
         """One tree from both proposers (merge_trees, the default): the lookup's trie gives each expanded
         node on its branches its first children (one-hot rows), and the fallback draft adds its own children
-        beside them, drawn from its distribution without the lookup's tokens (tree.grow's seed), in the
+        beside them, drawn from its distribution without the lookup's tokens (growing.grow's seed), in the
         same node budget: when the copied continuation is wrong at some depth, the draft's candidates are
         there. Without a lookup match this is the fallback's tree. merge_trees=False: the lookup's tree
         where the context has a match, else the fallback's (the chain's either/or). A fallback that cannot
-        branch gives its chain, which specrepro.tree allows only at width 1."""
-        from ..tree import check_can_branch, propose
+        branch gives its chain, which specrepro.algorithm.tree allows only at width 1."""
+        from ..algorithm.tree import check_can_branch, propose
 
         lookup = self.lookup.propose_tree(seq, spec, sampling, generator)
         if len(lookup) and not (self.merge_trees and _can_seed(self.fallback)):
@@ -90,7 +90,7 @@ def trie(tree) -> dict[tuple, list[int]]:
 
 
 def _can_seed(draft) -> bool:
-    """Whether the draft's propose_tree takes a seed (the model drafts built on tree.grow)."""
+    """Whether the draft's propose_tree takes a seed (the model drafts built on growing.grow)."""
     import inspect
 
     fn = getattr(draft, "propose_tree", None)

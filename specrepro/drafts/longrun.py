@@ -26,7 +26,6 @@ import argparse
 import csv
 import hashlib
 import json
-import math
 import os
 import shutil
 import statistics
@@ -43,7 +42,7 @@ from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
 from .shards import build_shards, file_sha256, load_shards
 from .trainer import (LOSSES, MARKER, VERSION, atomic_save, build_net, check_kind, config_hash, get_batch,
-                      load_weights, tied_head, trainable_state, window_length, window_starts)
+                      load_weights, lr_at, optimise, tied_head, trainable_state, window_length, window_starts)
 from ..models import load_model, specrepro_home
 
 LONG_KINDS = ("small", "feature", "heads")  # the kinds whose nets this driver exports (safetensors)
@@ -72,12 +71,6 @@ def run_hash(cfg: dict) -> str:
     """Names the work folder: everything but the settings that do not change what is learnt."""
     skip = {"checkpoint_seconds", "export_minutes", "measured"}
     return config_hash({k: v for k, v in cfg.items() if k not in skip})
-
-
-def lr_at(cfg: dict, step: int, progress: float) -> float:
-    warm = min(1.0, (step + 1) / cfg["warmup_steps"])
-    floor = cfg["lr_min_ratio"]
-    return cfg["lr"] * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def tensor_sha(t: torch.Tensor) -> str:
@@ -173,8 +166,7 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
     net = build_net(kind, target, cfg, keep if keep is not None and keep.numel() else None)
     if continue_from is not None and saved is None:
         load_weights(net, load_file(str(Path(continue_from) / "net.safetensors")))
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])
     state = {"step": 0, "train_seconds": 0.0, "wall_seconds": 0.0, "recent_losses": [], "step_times": []}
@@ -201,7 +193,6 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
         if progress_now() >= 1 or (stop_at is not None and time.time() >= stop_at):
             return False
         return stop_after_steps is None or state["step"] < stop_after_steps
-    net.train()
     new_log = not log_path.exists()
     log = open(log_path, "a", newline="")
     writer = csv.writer(log)
@@ -209,17 +200,10 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
         writer.writerow(["step", "train_seconds", "lr", "loss"])
     bar = tqdm(total=None, initial=state["step"], desc=f"train {kind}", disable=not progress)
     last_ckpt = last_export = time.monotonic()
-    while more():
-        t0 = time.monotonic()
-        lr = lr_at(cfg, state["step"], progress_now())
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss = LOSSES[kind](net, get_batch(data, starts, cfg, length, gen), cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        dt = time.monotonic() - t0
+    steps = optimise(net, opt, lambda net, batch: LOSSES[kind](net, batch, cfg),
+                     lambda: get_batch(data, starts, cfg, length, gen), lambda: lr_at(cfg, state["step"], progress_now()),
+                     more)
+    for dt, lr, loss in steps:
         times = state["step_times"]
         if len(times) >= 20:  # a step paused by SIGSTOP (or starved) counts as a typical step
             dt = min(dt, 10 * statistics.median(times))
@@ -227,10 +211,10 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
         del times[:-200]
         state["step"] += 1
         state["train_seconds"] += dt
-        state["recent_losses"] = (state["recent_losses"] + [loss.item()])[-50:]
-        writer.writerow([state["step"], round(state["train_seconds"], 2), f"{lr:.3e}", f"{loss.item():.4f}"])
+        state["recent_losses"] = (state["recent_losses"] + [loss])[-50:]
+        writer.writerow([state["step"], round(state["train_seconds"], 2), f"{lr:.3e}", f"{loss:.4f}"])
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}")
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}")
         now = time.monotonic()
         if now - last_ckpt > cfg["checkpoint_seconds"]:
             log.flush()

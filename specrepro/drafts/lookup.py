@@ -1,11 +1,9 @@
-"""Training-free drafts: prompt lookup (n-grams from the context) and truncated target layers."""
+"""Prompt lookup: a training-free draft that proposes what followed the context's last n-gram earlier."""
 from __future__ import annotations
-
-import copy
 
 import torch
 
-from .base import Draft, ModelDraft
+from .base import Draft
 
 
 class LookupDraft(Draft):
@@ -38,8 +36,9 @@ class LookupDraft(Draft):
         """One branch per distinct continuation of the earlier matches of the longest matching n-gram
         (most recent match first), merged into a trie: at most spec.width children per node, spec.nodes in
         all. The tree is a function of the context alone, so its one-hot rows are what each token was
-        "drawn" from (specrepro.tree's rule for deterministic proposers)."""
-        from ..tree import Tree, one_hot_rows
+        "drawn" from (specrepro.algorithm.tree's rule for deterministic proposers)."""
+        from ..algorithm.tree import Tree
+        from .growing import one_hot_rows
 
         tree = Tree(self.vocab_size)
         budget = spec.nodes
@@ -84,34 +83,3 @@ class LookupDraft(Draft):
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def truncated_model(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
-    """Self-speculative draft: the target's first n_layers with its final norm and LM head.
-
-    The modules are shared with the target (no weight copy); only the layer list is shorter.
-    """
-    layers = target.get_decoder().layers
-    if not 1 <= n_layers < len(layers):
-        raise ValueError(f"n_layers must be in 1..{len(layers) - 1} for a {len(layers)}-layer target, got {n_layers}")
-    decoder = copy.copy(target.get_decoder())
-    decoder._modules = dict(decoder._modules)  # its own module table: the target's stays untouched
-    decoder.layers = torch.nn.ModuleList(layers[:n_layers])
-    draft = copy.copy(target)
-    draft._modules = dict(draft._modules)
-    draft.model = decoder
-    draft.config = decoder.config = copy.deepcopy(target.config)
-    # HF assisted generation rewrites its assistant's generation_config (num_assistant_tokens): own copy
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    draft.config.num_hidden_layers = n_layers
-    if getattr(draft.config, "layer_types", None) is not None:  # per-layer cache kinds, where the config has them
-        draft.config.layer_types = draft.config.layer_types[:n_layers]
-    return draft
-
-
-class TruncatedDraft(ModelDraft):
-    """A ModelDraft over the target's own first layers."""
-
-    def __init__(self, target: torch.nn.Module, n_layers: int = 4):
-        super().__init__(truncated_model(target, n_layers))
-        self.n_layers = n_layers

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from .lookup import truncated_model
+from .truncated import truncated_model
 
 
 def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None):

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from . import feature, heads, shipped, small
 from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
-from .lookup import LookupDraft, TruncatedDraft
+from .lookup import LookupDraft
+from .truncated import TruncatedDraft
 from ..models import load_model, specrepro_home
 from ..engines.runners import context_window, vocab_size
 
@@ -169,9 +170,30 @@ def load_weights(net, weights: dict) -> None:
 
 
 def lr_at(cfg: dict, step: int, progress: float) -> float:
-    """Linear warm-up over 20 steps, then cosine decay to a tenth over the budget."""
-    warm = min(1.0, (step + 1) / 20)
-    return cfg["lr"] * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    """Linear warm-up over cfg's warmup_steps (default 20), then cosine decay over the budget down to
+    lr_min_ratio (default a tenth) of cfg's lr."""
+    warm = min(1.0, (step + 1) / cfg.get("warmup_steps", 20))
+    floor = cfg.get("lr_min_ratio", 0.1)
+    return cfg["lr"] * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def optimise(net, opt, loss_of, next_batch, lr_now, more):
+    """The one training loop of every draft (train here, longrun.run for the long resumable runs): while
+    more(), one step at learning rate lr_now() on next_batch(), gradients clipped to norm 1. Yields
+    (seconds, lr, loss) after each step; the caller keeps its own step count, log and checkpoints."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    net.train()
+    while more():
+        t0 = time.monotonic()
+        lr = lr_now()
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss = loss_of(net, next_batch())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        yield time.monotonic() - t0, lr, loss.item()
 
 
 def resume(ckpt: Path, net, opt, gen: torch.Generator) -> dict | None:
@@ -230,8 +252,7 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
         keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
     device = draft_device(target)  # train where the target lives (a GPU); the data stays on the host
     net = build_net(kind, target, cfg, keep).to(device)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     state = {"step": 0, "elapsed": 0.0, "losses": []}
@@ -246,34 +267,35 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
     starts = window_starts(data, length)
     budget_s = cfg["budget_minutes"] * 60 if cfg["budget_minutes"] else math.inf
     total = cfg["max_steps"] or None
-    net.train()
+
+    def done():
+        return bool(total and state["step"] >= total) or state["elapsed"] >= budget_s
+
+    def more():
+        return not done() and (stop_after is None or state["step"] < stop_after)
+
+    def lr_now():
+        return lr_at(cfg, state["step"], state["step"] / total if total else state["elapsed"] / budget_s)
+
+    def next_batch():
+        return {k: v.to(device, non_blocking=True) for k, v in get_batch(data, starts, cfg, length, gen).items()}
+
     bar = tqdm(total=total, initial=state["step"], desc=f"train {kind}", disable=not progress)
     last_ckpt = time.monotonic()
-    while True:
-        if (total and state["step"] >= total) or state["elapsed"] >= budget_s:
-            break
-        if stop_after is not None and state["step"] >= stop_after:
-            checkpoint()
-            bar.close()
-            return None
-        t0 = time.monotonic()
-        prog = state["step"] / total if total else state["elapsed"] / budget_s
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, state["step"], prog)
-        batch = {k: v.to(device, non_blocking=True) for k, v in get_batch(data, starts, cfg, length, gen).items()}
-        loss = LOSSES[kind](net, batch, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+    for seconds, _, loss in optimise(net, opt, lambda net, batch: LOSSES[kind](net, batch, cfg), next_batch, lr_now,
+                                     more):
         state["step"] += 1
-        state["elapsed"] += time.monotonic() - t0
-        state["losses"].append(round(loss.item(), 4))
+        state["elapsed"] += seconds
+        state["losses"].append(round(loss, 4))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if time.monotonic() - last_ckpt > checkpoint_seconds:
             checkpoint()
             last_ckpt = time.monotonic()
+    if not done():  # stopped by stop_after: an interruption, resumed from the checkpoint
+        checkpoint()
+        bar.close()
+        return None
     bar.close()
     save_artifact(kind, net, cfg, state, out)
     ckpt.unlink(missing_ok=True)

@@ -1,2 +1,2 @@
-"""How a target pass runs and how fast: the runners (HF, lean, static-shape), their kernels, the one cost
-measurement, machine facts, and `tune`, which measures them on this machine and picks the fastest exact one."""
+"""How a target pass runs and how fast: the runner contract (`runners.Runner`, `as_runner`) and the runners
+(HF, lean with its native C++ pass, static-shape, frozen-compiled, batched), their kernels, and machine facts."""

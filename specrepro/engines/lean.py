@@ -76,7 +76,7 @@ class LeanRunner:
     to the eager block with a warning.
     """
 
-    batch = 1  # cache rows; specrepro.batch.BatchLeanRunner sets more
+    batch = 1  # cache rows; specrepro.engines.batch.BatchLeanRunner sets more
     supports_native = True  # subclasses that replace the pass set False: backend="native" is refused there
     float32_cache_on_cpu = True  # see `attend`; BatchLeanRunner's SDPA wants the cache in the compute dtype
 
@@ -180,7 +180,7 @@ class LeanRunner:
 
     @torch.inference_mode()
     def forward_tree(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """forward() over a token tree (specrepro.tree): RoPE at `positions`, keys seen per bool `mask`
+        """forward() over a token tree (specrepro.algorithm.tree): RoPE at `positions`, keys seen per bool `mask`
         [n, length + n]; the new keys go to the next n cache slots."""
         n = ids.shape[-1]
         start, end = self.length, self.length + n

@@ -1,20 +1,72 @@
-"""Stateful model runners: feed tokens, get one logits row per token, roll the KV cache back by position.
+"""The runner contract between the algorithm and the engines, and the Hugging Face runner.
 
-`speculative.py` drives a target runner and a draft; both see a model only through this interface:
-    runner.length                 tokens whose keys/values are cached
-    runner.forward(ids)           ids: [n] LongTensor -> logits [n, V] (float32); caches them
-    runner.prefill(ids)           caches ids without computing logits (optional)
-    runner.rollback(length)       forget everything after the first `length` tokens
-    runner.forward_tree(ids, positions, mask)   a token tree (specrepro.tree): given positions, bool mask
-                                  [n, length + n] of the cached and new tokens each new token sees
-    runner.compact(keep)          keep only the cache slots `keep` (ascending LongTensor), in that order
-    runner.hidden                 [n, H] last-layer hidden states of the last forward (if requested)
-    runner.device                 where its inputs go (a dispatched model: its embedding layer's device)
+A runner is a stateful model pass: feed tokens, get one logits row per token, roll the KV cache back by
+position. Algorithms 1 and 2 (specrepro.algorithm) see a target, and model drafts see their model, only
+through `Runner`; `as_runner` turns a plain HF causal LM into one. A new engine implements the protocol
+and nothing above it changes.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Protocol, runtime_checkable
+
 import torch
 from transformers import DynamicCache
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What a runner offers (HFRunner, LeanRunner and its native/static/frozen kinds).
+
+    forward(ids [n]) -> logits [n, V] float32, caching the n tokens after the first `length`;
+    forward_tree(ids, positions, mask): a token tree (specrepro.algorithm.tree), each token at its given
+    position seeing what the bool mask [n, length + n] allows; rollback(length) forgets everything after
+    the first `length` tokens; compact(keep) keeps only the cache slots `keep` (ascending), in order;
+    reset() empties the cache. With keep_hidden set, `hidden` holds the last pass's last-layer hidden
+    states [n, H] (feature drafts read them). A runner may also have prefill(ids): cache without logits.
+    """
+
+    length: int
+    vocab_size: int  # rows of the LM head: the logits' last dimension
+    context_window: int | None
+    device: torch.device  # where its input ids go
+    dtype: torch.dtype
+    keep_hidden: bool
+    hidden: torch.Tensor | None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def forward_tree(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+
+    def rollback(self, length: int) -> None: ...
+
+    def compact(self, keep: torch.Tensor) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def as_runner(target) -> Runner:
+    """A runner as it is; a Hugging Face causal LM wrapped in an HFRunner."""
+    if isinstance(target, Runner):
+        return target
+    if isinstance(target, torch.nn.Module) and hasattr(target, "get_output_embeddings"):
+        return HFRunner(target)
+    raise TypeError(
+        f"target must be a Hugging Face causal LM or a runner (specrepro.engines.runners.Runner), "
+        f"got {type(target).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def hidden_kept(runner: Runner, wanted: bool):
+    """The runner keeps its last-layer hidden states while the block runs, if `wanted`; its own setting is
+    restored afterwards, so a caller's (tuned) runner is left as it was given."""
+    before = runner.keep_hidden
+    runner.keep_hidden = before or wanted
+    try:
+        yield runner
+    finally:
+        runner.keep_hidden = before
 
 
 class HFRunner:
@@ -24,7 +76,7 @@ class HFRunner:
         self.model = model
         self.keep_hidden = keep_hidden
         self.device = input_device(model)
-        # what speculative_generate reads from a runner passed as `target` (sr.tune returns one)
+        self.dtype = next(model.parameters()).dtype
         self.vocab_size = vocab_size(model)
         self.context_window = context_window(model)
         self.reset()

@@ -4,7 +4,6 @@ that the test must reject. Notebook 01 calls run_losslessness and joint_table.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections import Counter
@@ -12,14 +11,13 @@ from collections import Counter
 import torch
 from tqdm.auto import tqdm
 
-from ..stats import wrong
+from . import wrong
 from .records import generator
 from .results import ResultsFile
-from ..sampling import SamplingConfig
-from ..speculative import autoregressive_generate, speculative_generate
+from ..algorithm.sampling import SamplingConfig
+from ..generate import autoregressive_generate, speculative_generate
 from ..stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from ..stats.toy import tiny_llama
-from ..stats.wrong import rejection_step_replaced
 
 def toy_models(target_seed: int = 0, draft_seed: int = 1, vocab: int = 6, logit_scale: float = 12.0):
     """(q, p): two tiny random Llamas (specrepro.stats.toy) without EOS, so every outcome has n_tokens tokens.
@@ -41,14 +39,14 @@ def sample_outcomes(target, draft, prompt, n_tokens: int, n_samples: int, sample
     # generate at least K+1 tokens so the first loop drafts a full lookahead; the first n are what we test
     length = max(n_tokens, lookahead + 1)
     step = SAMPLERS[sampler]
-    with rejection_step_replaced(step) if step else contextlib.nullcontext():
-        for _ in range(n_samples):
-            if sampler == "ars":
-                tokens = autoregressive_generate(target, prompt, max_new_tokens=n_tokens, **kw).tokens
-            else:
-                tokens = speculative_generate(target, draft, prompt, max_new_tokens=length, lookahead=lookahead,
-                                              **kw).tokens
-            counts[truncate_outcome(tokens.tolist(), n_tokens)] += 1
+    rules = wrong.chain_rules(step) if step else None
+    for _ in range(n_samples):
+        if sampler == "ars":
+            tokens = autoregressive_generate(target, prompt, max_new_tokens=n_tokens, **kw).tokens
+        else:
+            tokens = speculative_generate(target, draft, prompt, max_new_tokens=length, lookahead=lookahead,
+                                          _rules=rules, **kw).tokens
+        counts[truncate_outcome(tokens.tolist(), n_tokens)] += 1
     return counts
 
 def _model_tag(target_seed, draft_seed, vocab, logit_scale, prompt, n_tokens) -> str:

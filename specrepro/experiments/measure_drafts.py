@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
+from ..algorithm.tree import parse_tree
 from ..drafts.trainer import FREE_KINDS, KINDS
-from . import notebook as ex
-from ..bench.harness import parse_ks
 from ..engines.lean import set_threads
-from ..tree import parse_tree
+from .drafts_table import measure_drafts
+from .records import write_outputs
+from .results import machine_info, markdown_table
+from .workloads import code_items, eos_ids, load_target, make_draft, news_items, parse_ks, tuned_target
 
 COLUMNS = ["draft", "task", "temperature", "K", "tree", "a", "acceptance_rate", "tau", "c", "v", "speedup",
            "predicted_speedup", "ms_per_token"]
@@ -58,18 +60,18 @@ def main(argv=None) -> list[dict]:
     if any(t < 0 for t in args.temps):
         parser.error(f"--temps must be >= 0, got {args.temps}")
     threads = set_threads(args.threads)
-    target, tokenizer = ex.load_target("smollm2-135m-instruct", args.dtype)
+    target, tokenizer = load_target("smollm2-135m-instruct", args.dtype)
     # one tuned runner for every draft, so all rows share one ArS baseline (tuned for a free draft)
-    runner, tuned = ex.tuned_target(target, ex.make_draft("lookup", target), args.dtype, threads)
-    prompts = {"news": ex.news_items(tokenizer, args.news), "code": ex.code_items(tokenizer, args.code)}
+    runner, tuned = tuned_target(target, make_draft("lookup", target), args.dtype, threads)
+    prompts = {"news": news_items(tokenizer, args.news), "code": code_items(tokenizer, args.code)}
     prompts = {task: items for task, items in prompts.items() if items}
-    rows = ex.measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
-                             seed=args.seed, eos=ex.eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
+    rows = measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
+                             seed=args.seed, eos=eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
                              trees=trees)
-    meta = {"machine": ex.machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
+    meta = {"machine": machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
     out = Path(args.out)
-    ex.write_outputs(out.parent, out.name, rows, meta)
-    print(ex.markdown_table(rows, COLUMNS, digits=3))
+    write_outputs(out.parent, out.name, rows, meta)
+    print(markdown_table(rows, COLUMNS, digits=3))
     return rows
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from .results import code_digest, machine_info, write_csv, write_json
-from ..speculative import autoregressive_generate, speculative_generate
+from ..files import write_json
+from .results import code_digest, machine_info, write_csv
+from ..generate import autoregressive_generate, speculative_generate
 
 PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
 

@@ -34,9 +34,10 @@ from pathlib import Path
 
 import yaml
 
-from .notebook import PROFILES, check_params, repo_root
+from .records import PROFILES, check_params, repo_root
 from .records import notebook_defaults, results_folder
-from .results import SHARD_ENV, ResultsFile, atomic_write_text, parse_shard, write_json
+from ..files import atomic_write_text, write_json
+from .results import SHARD_ENV, ResultsFile, parse_shard
 
 ROOT = repo_root()
 NOTEBOOK_DIR = ROOT / "notebooks"

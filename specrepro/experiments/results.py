@@ -31,9 +31,9 @@ import re
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
-from ..files import _jsonable, atomic_write_text, write_json  # noqa: F401  (results.write_json: callers' name)
+from ..files import _jsonable, atomic_write_text
 
 
 SHARD_ENV = "SPECREPRO_SHARD"

@@ -22,8 +22,8 @@ from ..stats.intervals import ratio_ci, ratio_of_ratios_ci
 from ..engines.lean import LeanRunner, set_threads
 from ..models import load_model
 from .results import ResultsFile, markdown_table, machine_info
-from ..speculative import speculative_generate
-from ..tree import TreeSpec, parse_tree
+from ..generate import speculative_generate
+from ..algorithm.tree import TreeSpec, parse_tree
 
 COLUMNS = ["draft", "task", "temperature", "setting", "nodes", "tau", "tau_ci_low", "tau_ci_high", "vs_best_chain",
            "vs_best_chain_ci_low", "vs_best_chain_ci_high", "best_chain", "n_prompts", "tokens", "target_calls"]
@@ -98,7 +98,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--results", default="runs/tree_tau/records.jsonl")
     parser.add_argument("--out", default="figures/drafts/tree_tau")
     args = parser.parse_args(argv)
-    from ..bench.harness import parse_ks
+    from .workloads import parse_ks
 
     try:
         ks, trees = parse_ks(args.ks), [parse_tree(t) for t in args.trees]

@@ -6,12 +6,12 @@ from a short spec string shared by the notebooks' parameters and the CLIs' --dra
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import torch
 
-from ..drafts.lookup import truncated_model
-from ..drafts.spec import make_draft  # noqa: F401  (workloads.make_draft: the notebooks' name)
+from ..drafts.truncated import truncated_model
+from ..drafts.spec import make_draft
+from ..generate import MAX_LOOKAHEAD
 from ..tasks.humaneval import code_prompt, load_humaneval
 from ..tasks.news import load_news, summarisation_prompt
 
@@ -121,7 +121,7 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
     backend and the given thread count; the summary (what won, why, the CPU, v(K) of the winner) goes
     into the notebooks' metadata.
     """
-    from ..engines.tuning import tune
+    from ..tuning.tune import tune
 
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
@@ -133,3 +133,22 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
                "cached": r["cached"], "one_token_ms": chosen["target_ms"][1], "v": chosen["v"],
                "ranking": r["ranking"], "skipped": r["skipped"]}
     return setting.target, summary
+
+
+def parse_ks(text: str) -> list[int]:
+    """'1,2,4' or '1-7' or '1,2,...,7'."""
+    text = text.replace(" ", "")
+    if ",...," in text:
+        lo, hi = text.split(",...,")
+        return list(range(int(lo.split(",")[0]), int(hi) + 1))
+    out = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out += range(int(lo), int(hi) + 1)
+        elif part:
+            out.append(int(part))
+    bad = [k for k in out if not 1 <= k <= MAX_LOOKAHEAD]
+    if not out or bad:
+        raise ValueError(f"--ks: lookaheads must be integers in 1..{MAX_LOOKAHEAD}, got {text!r}")
+    return out

@@ -1,2 +1,2 @@
-"""The statistics that check the algorithm: the exact joint of generated tokens, chi-square, the deliberately
-wrong samplers that must be rejected, toy models, confidence intervals and the speedup formulas."""
+"""The statistics that check the algorithm and the speed: the exact joint of generated tokens, chi-square,
+toy models, confidence intervals and the speedup formulas."""

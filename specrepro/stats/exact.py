@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from ..sampling import SamplingConfig
+from ..algorithm.sampling import SamplingConfig
 
 
 @torch.inference_mode()

@@ -4,10 +4,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
-from conftest import EOS, tiny_llama
-from specrepro.sampling import SamplingConfig
+from helpers import EOS, tiny_llama
+from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
-from specrepro.batch import BatchLeanRunner, batch_rejection_step, speculative_generate_batch
+from specrepro.algorithm.batch import batch_rejection_step, speculative_generate_batch
+from specrepro.engines.batch import BatchLeanRunner
 from specrepro.engines.lean import LeanRunner
 
 
@@ -106,8 +107,8 @@ def test_sampled_batch_rows_have_the_target_distribution(k, temperature, top_k):
 
 
 def test_batch_harness_rejects_a_wrong_rejection_step(monkeypatch):
-    import specrepro.batch
+    import specrepro.algorithm.batch
 
-    monkeypatch.setattr(specrepro.batch, "batch_rejection_step", _resample_from_q)
+    monkeypatch.setattr(specrepro.algorithm.batch, "batch_rejection_step", _resample_from_q)
     result = _batch_fit(2, 1.0, None, seed=9)
     assert result.pvalue < BATCH_ALPHA, result

@@ -8,17 +8,13 @@ Bonferroni-corrected over the correct configurations; the wrong samplers must fa
 import pytest
 import torch
 
-from conftest import EOS, tiny_llama
+from helpers import DRAFTS, EOS, L, PROMPT, fit_chain as fit, tiny_llama
 from specrepro import speculative_generate
-from specrepro import speculative as spec_module
-from specrepro.stats import wrong as wrong_samplers
-from specrepro.drafts import FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
-from specrepro.sampling import SamplingConfig
-from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.experiments import wrong as wrong_samplers
+from specrepro.drafts import HybridDraft, ModelDraft
+from specrepro.algorithm.sampling import SamplingConfig
+from specrepro.stats.exact import exact_joint
 
-L = 3  # tokens of the joint distribution
-N = 3000
-PROMPT = torch.tensor([0, 3])
 
 # (lookahead, temperature, top_k, top_p, eos)
 CONFIGS = [
@@ -29,43 +25,8 @@ CONFIGS = [
     (2, 0.8, 4, 0.9, EOS),
     (3, 1.0, None, None, None),  # no EOS: every outcome is a full L-tuple
 ]
-# every draft strategy, on the same harness: (name, factory(target, draft) -> draft object)
-DRAFTS = [
-    ("lookup", lambda target, draft: LookupDraft(target.config.vocab_size, max_ngram=2)),
-    ("truncated", lambda target, draft: TruncatedDraft(tiny_llama(0, layers=2), n_layers=1)),
-    ("small", lambda target, draft: SmallDraft.from_config(target, {"hidden": 16, "layers": 1, "ffn": 32, "head_dim": 8})),
-    ("feature", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, seed=3)),
-    # a reduced draft vocabulary: p is zero outside tokens {0, 1, 3}, still a proper distribution
-    ("feature-reduced-vocab", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, keep=torch.tensor([0, 1, 3]), seed=4)),
-    ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
-    # adaptive lookahead: the draft stops when unsure of its next token
-    ("adaptive", lambda target, draft: ModelDraft(draft, confidence_threshold=0.6)),
-    # prompt lookup where the context has a match, the feature draft elsewhere
-    ("lookup+feature", lambda target, draft: HybridDraft(FeatureDraft.init_for(target, {"ffn": 32}, seed=6),
-                                                         LookupDraft(target.config.vocab_size, max_ngram=2))),
-]
 # the correct configurations, the draft strategies and the no-bonus control share one family
 ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
-
-
-def draw(target, draft, k, sampling, eos, seed, n=N):
-    g = torch.Generator().manual_seed(seed)
-    outcomes, bonus_loops = [], 0
-    for _ in range(n):
-        gen = speculative_generate(
-            target, draft, PROMPT, max_new_tokens=max(L, k + 1), lookahead=k,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            eos_token_id=eos, generator=g,
-        )
-        outcomes.append(truncate_outcome(gen.tokens, L, eos))
-        bonus_loops += sum(a == p > 0 for a, p in zip(gen.accepted, gen.proposed))
-    return outcomes, bonus_loops
-
-
-def fit(target, draft, k, sampling, eos, seed):
-    outcomes, bonus_loops = draw(target, draft, k, sampling, eos, seed)
-    expected = exact_joint(target, PROMPT, L, sampling, eos)
-    return chisquare_fit(outcomes, expected), outcomes, bonus_loops
 
 
 @pytest.mark.parametrize("k, temperature, top_k, top_p, eos", CONFIGS)
@@ -110,18 +71,17 @@ WRONG = [
 
 
 @pytest.mark.parametrize("name, wrong", WRONG)
-def test_wrong_samplers_are_rejected(tiny_pair, monkeypatch, name, wrong):
+def test_wrong_samplers_are_rejected(tiny_pair, name, wrong):
     target, draft = tiny_pair
-    monkeypatch.setattr(spec_module, "rejection_step", wrong)
-    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=100)
+    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=100, rules=wrong_samplers.chain_rules(wrong))
     assert result.pvalue < ALPHA, result
 
 
-def test_dropping_the_bonus_token_is_still_lossless(tiny_pair, monkeypatch):
+def test_dropping_the_bonus_token_is_still_lossless(tiny_pair):
     # A control for the harness: skipping the bonus only costs speed, so it must NOT be rejected.
     target, draft = tiny_pair
-    monkeypatch.setattr(spec_module, "rejection_step", wrong_samplers.no_bonus_token)
-    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=101)
+    result, _, _ = fit(target, draft, 2, SamplingConfig(1.0), EOS, seed=101,
+                       rules=wrong_samplers.chain_rules(wrong_samplers.no_bonus_token))
     assert result.pvalue > ALPHA, result
 
 

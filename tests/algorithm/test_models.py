@@ -8,14 +8,14 @@ import torch
 
 import specrepro as sr
 import specrepro.models as models
-from conftest import tiny_llama
-from test_errors import _word_tokenizer
+from helpers import tiny_llama
+from helpers import word_tokenizer
 
 
 def test_local_directory_loads_like_a_hub_model(tmp_path):
     model = tiny_llama(0, vocab=4)
     model.save_pretrained(tmp_path)
-    _word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(tmp_path)
+    word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(tmp_path)
     loaded, tokenizer = sr.load_model(str(tmp_path), dtype=torch.float32)
     ids = torch.tensor([[0, 2, 3]])
     assert torch.allclose(loaded(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specrepro as sr
-from conftest import EOS, tiny_llama
+from helpers import EOS, tiny_llama
 from specrepro.engines.runners import HFRunner
 
 PROMPTS = [

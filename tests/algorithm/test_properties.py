@@ -9,8 +9,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specrepro.sampling import logits_to_probs
-from specrepro.speculative import rejection_step
+from specrepro.algorithm.sampling import logits_to_probs
+from specrepro.algorithm.speculative import rejection_step
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True)
 

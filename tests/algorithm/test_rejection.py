@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from specrepro import rejection_step
-from specrepro.stats import wrong as wrong_samplers
-from specrepro.sampling import sample
+from specrepro.experiments import wrong as wrong_samplers
+from specrepro.algorithm.sampling import sample
 from specrepro.stats.exact import chisquare_fit
 
 V = 8

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from specrepro.sampling import SamplingConfig, logits_to_probs, sample
+from specrepro.algorithm.sampling import SamplingConfig, logits_to_probs, sample
 
 
 def test_temperature_one_is_softmax():

@@ -8,9 +8,9 @@ import torch
 
 import specrepro as sr
 from specrepro import TreeSpec
-from specrepro.speculative import StopRule
+from specrepro.algorithm.speculative import StopRule
 
-from conftest import EOS
+from helpers import EOS
 
 PROMPT = torch.tensor([0, 2, 3])
 

@@ -1,4 +1,4 @@
-"""Tree speculative sampling (specrepro.tree): exactly the target's distribution, at any temperature.
+"""Tree speculative sampling (specrepro.algorithm.tree): exactly the target's distribution, at any temperature.
 
 Three layers of evidence:
 1. the acceptance rule alone, on random p, q over 6 tokens (no model): chi-square of the first emitted token
@@ -6,7 +6,7 @@ Three layers of evidence:
 2. end to end on the tiny-model harness of test_lossless.py: chi-square of the joint distribution of the
    first 3 tokens against the exact target, for widths 2-4, depths 1-4, temperatures 0.5/1/1.5, top-k,
    top-p, a node budget, EOS inside the tree, both runners, every draft kind;
-3. the wrong multi-candidate rules of specrepro.stats.wrong are rejected by both harnesses (power).
+3. the wrong multi-candidate rules of specrepro.experiments.wrong are rejected by both harnesses (power).
 Family-wise alpha 0.01, Bonferroni-corrected over every correct configuration below (one family).
 Plus: width 1 is the chain token for token, the tree mask and KV compaction against fresh forwards,
 greedy tree == greedy ArS == HF generate on the real target, bad input.
@@ -16,18 +16,18 @@ import torch
 from scipy.stats import chisquare
 
 import specrepro as sr
-from conftest import EOS, tiny_llama
-from specrepro import tree as tree_module
-from specrepro.stats import wrong
+from helpers import EOS, tiny_llama
+from specrepro.algorithm import tree as tree_module
+from specrepro.drafts import growing
+from specrepro.experiments import wrong
 from specrepro.drafts import Draft, HybridDraft, LookupDraft, ModelDraft
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.runners import HFRunner
-from specrepro.sampling import SamplingConfig
-from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
-from specrepro.tree import Tree, TreeSpec
-from test_lossless import DRAFTS, PROMPT, L
+from specrepro.algorithm.sampling import SamplingConfig
+from specrepro.stats.exact import exact_joint
+from specrepro.algorithm.tree import Tree, TreeSpec
+from helpers import DRAFTS, L, PROMPT, check_tree_logits, fit_tree, fixed_tree, kv
 
-N = 2000  # end-to-end samples per configuration
 N_RULE = 20000  # samples per rule-level configuration (no model: cheap)
 V_RULE = 6
 
@@ -64,12 +64,12 @@ RULES = [
 TREE_DRAFTS = DRAFTS  # every draft kind of test_lossless
 ALPHA = 0.01 / (len(CONFIGS) + len(RULES) + len(TREE_DRAFTS) + 1)  # + the power draft's correct run
 
-# wrong draft children beside a seeded (hybrid) node's forced tokens, for tree.draft_children
+# wrong draft children beside a seeded (hybrid) node's forced tokens, in place of growing.draft_children
 WRONG_SEEDED = [
     ("rows keep the forced tokens", wrong.seeded_rows_keep_forced),
 ]
 WRONG = [
-    ("with replacement, unchanged target", wrong.tree_unchanged_target, wrong.draw_with_replacement),
+    ("with replacement, unchanged target", wrong.tree_unchanged_target, wrong.children_with_replacement),
     ("residual not updated", wrong.tree_residual_not_updated, None),
     ("siblings not removed", wrong.tree_siblings_not_removed, None),
     ("fallback to q", wrong.tree_fallback_to_q, None),
@@ -88,26 +88,28 @@ def rule_case(seed, width, top_k, children):
     return q, torch.softmax(logits, -1), g
 
 
-def one_level_tree(p, width, children, g):
+def one_level_tree(p, width, children, g, draw=growing.draft_children):
+    """draw: how sampled children are drawn (growing.draft_children, or a wrong one of the same signature)."""
     if children == "seeded":  # the forced token: the draft's likeliest, where p and q differ most
-        return tree_module.grow(TreeSpec(width, 1), SamplingConfig(1.0), g, p.log(), None,
-                                seed={(): [int(p.argmax())]})
+        return growing.grow(TreeSpec(width, 1), SamplingConfig(1.0), g, p.log(), None,
+                            seed={(): [int(p.argmax())]}, children=draw)
     tree = Tree(V_RULE)
     if children == "one-hot":  # fixed distinct children, as prompt lookup makes them
         for t in p.argsort(descending=True)[:width].tolist():
             tree.add(-1, t, torch.eye(V_RULE)[t], 1.0)
     else:
-        for t, row in zip(*tree_module.draw_children(p, width, g)):
+        for t, row in zip(*draw(p, [], width, False, g)):
             tree.add(-1, t, row, 1.0)
     return tree
 
 
-def first_tokens(width, top_k, children, seed, n=N_RULE):
+def first_tokens(width, top_k, children, seed, n=N_RULE, accept=tree_module.accept, draw=growing.draft_children):
+    """accept, draw: the acceptance walk and the child draw (the correct ones, or wrong ones to reject)."""
     q, p, g = rule_case(seed, width, top_k, children)
     counts = torch.zeros(V_RULE)
     for _ in range(n):
-        tree = one_level_tree(p, width, children, g)
-        path, token = tree_module.accept(tree, q.view(1, -1).expand(len(tree) + 1, -1), g)
+        tree = one_level_tree(p, width, children, g, draw)
+        path, token = accept(tree, q.view(1, -1).expand(len(tree) + 1, -1), g)
         counts[tree.tokens[path[0]] if path else int(token)] += 1
     return counts, q
 
@@ -122,8 +124,7 @@ def test_rule_emits_q(name, width, top_k, children):
 
 @pytest.mark.parametrize("name, rule, draw", WRONG)
 def test_rule_harness_rejects_wrong_rules(name, rule, draw):
-    with wrong.tree_rule_replaced(rule, draw):
-        counts, q = first_tokens(3, None, "sampled", seed=50)
+    counts, q = first_tokens(3, None, "sampled", seed=50, accept=rule, draw=draw or growing.draft_children)
     result = chisquare(counts.numpy(), (q * N_RULE).numpy())
     print(name, result)
     assert result.pvalue < ALPHA
@@ -131,8 +132,7 @@ def test_rule_harness_rejects_wrong_rules(name, rule, draw):
 
 @pytest.mark.parametrize("name, draft_children", WRONG_SEEDED)
 def test_rule_harness_rejects_wrong_seeded_children(name, draft_children):
-    with wrong.draft_children_replaced(draft_children):
-        counts, q = first_tokens(3, None, "seeded", seed=51)
+    counts, q = first_tokens(3, None, "seeded", seed=51, draw=draft_children)
     result = chisquare(counts.numpy(), (q * N_RULE).numpy())
     print(name, result)
     assert result.pvalue < ALPHA
@@ -142,7 +142,7 @@ def test_seeded_grow_puts_the_forced_tokens_first():
     p = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0])
     seed = {(): [0, 3], (0,): [2]}
     for sampling in (SamplingConfig(0.0), SamplingConfig(1.0)):
-        tree = tree_module.grow(TreeSpec(3, 2), sampling, torch.Generator().manual_seed(0), p.log(),
+        tree = growing.grow(TreeSpec(3, 2), sampling, torch.Generator().manual_seed(0), p.log(),
                                 lambda tree, nodes: p.log().expand(len(nodes), -1), seed=seed)
         kids = tree.children()
         assert [tree.tokens[c] for c in kids[-1][:2]] == [0, 3]
@@ -171,29 +171,6 @@ def test_hybrid_tree_merges_lookup_and_draft():
 
 # --- 2. end to end ---------------------------------------------------------------------------------------
 
-def draw(target, draft, spec, sampling, eos, seed, n=N):
-    """n generations; stats count first loops that accepted a full path (the leaf's bonus token) or
-    nothing (the final residual), and generations that accepted any node."""
-    g = torch.Generator().manual_seed(seed)
-    outcomes, stats = [], {"full_path": 0, "rejected_all": 0, "accepted_any": 0}
-    for _ in range(n):
-        gen = sr.speculative_generate(
-            target, draft, PROMPT, max_new_tokens=max(L, spec.depth + 1), temperature=sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec,
-        )
-        outcomes.append(truncate_outcome(gen.tokens, L, eos))
-        stats["full_path"] += gen.accepted[0] == spec.depth
-        stats["rejected_all"] += gen.accepted[0] == 0
-        stats["accepted_any"] += sum(gen.accepted) > 0
-    return outcomes, stats
-
-
-def fit(target, draft, spec, sampling, eos, seed, n=N, model=None):
-    """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
-    outcomes, stats = draw(target, draft, spec, sampling, eos, seed, n)
-    result = chisquare_fit(outcomes, exact_joint(model or target, PROMPT, L, sampling, eos))
-    return result, outcomes, stats
-
 
 @pytest.mark.parametrize("width, depth, temperature, top_k, top_p, max_nodes, eos, runner", CONFIGS)
 def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperature, top_k, top_p, max_nodes, eos,
@@ -203,10 +180,10 @@ def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperatur
     sampling = SamplingConfig(temperature, top_k, top_p)
     seed = 300 + CONFIGS.index((width, depth, temperature, top_k, top_p, max_nodes, eos, runner))
     if runner == "lean":
-        result, outcomes, stats = fit(LeanRunner(target), ModelDraft(LeanRunner(draft)), spec, sampling, eos, seed,
+        result, outcomes, stats = fit_tree(LeanRunner(target), ModelDraft(LeanRunner(draft)), spec, sampling, eos, seed,
                                       model=target)
     else:
-        result, outcomes, stats = fit(target, draft, spec, sampling, eos, seed)
+        result, outcomes, stats = fit_tree(target, draft, spec, sampling, eos, seed)
     print(result)
     assert result.pvalue > ALPHA, result
     assert result.cells >= 5, "too few cells for the test to mean anything"
@@ -221,7 +198,7 @@ def test_every_draft_kind_is_lossless_with_a_tree(name, factory):
     target = tiny_llama(0, layers=2)
     draft = factory(target, tiny_llama(1))
     # the target in the lean runner (faster; the HF runner's tree pass is covered by CONFIGS)
-    result, _, stats = fit(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS,
+    result, _, stats = fit_tree(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS,
                            seed=400 + [n for n, _ in TREE_DRAFTS].index(name), model=target)
     print(result)
     assert result.pvalue > ALPHA, result
@@ -238,8 +215,10 @@ def test_end_to_end_harness_rejects_wrong_rules(tiny_pair, name, rule, draw_chil
     # "siblings not removed" and ~150 for "fallback to q"; with the seed-1 draft it is ~1-2: no power)
     target, _ = tiny_pair
     draft = ModelDraft(LeanRunner(tiny_llama(3)))
-    with wrong.tree_rule_replaced(rule, draw_children):
-        result, _, _ = fit(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=500, model=target)
+    if draw_children is not None:
+        draft.children = draw_children  # this draft object's child draw only
+    result, _, _ = fit_tree(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=500, model=target,
+                       rules=wrong.tree_rules(rule))
     print(result)
     assert result.pvalue < ALPHA, result
 
@@ -247,7 +226,7 @@ def test_end_to_end_harness_rejects_wrong_rules(tiny_pair, name, rule, draw_chil
 def test_end_to_end_power_draft_passes_with_the_right_rule(tiny_pair):
     target, _ = tiny_pair
     draft = ModelDraft(LeanRunner(tiny_llama(3)))
-    result, _, _ = fit(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=501, model=target)
+    result, _, _ = fit_tree(LeanRunner(target), draft, TreeSpec(3, 2), SamplingConfig(1.0), EOS, seed=501, model=target)
     print(result)
     assert result.pvalue > ALPHA, result
 
@@ -292,14 +271,6 @@ def test_lookup_branches_on_distinct_continuations():
 
 # --- tree attention and KV compaction ----------------------------------------------------------------------
 
-def fixed_tree(vocab=5):
-    """A branching tree over a tiny vocabulary (tokens 0..4 used), node order = level order."""
-    tree = Tree(vocab)
-    eye = torch.eye(vocab)
-    for parent, token in [(-1, 2), (-1, 4), (-1, 0), (0, 3), (0, 1), (1, 2), (3, 4), (5, 0)]:
-        tree.add(parent, token, eye[token], 1.0)
-    return tree
-
 
 @pytest.mark.parametrize("make_runner", [HFRunner, LeanRunner], ids=["hf", "lean"])
 def test_tree_pass_and_compaction_equal_fresh_forwards(make_runner):
@@ -325,21 +296,6 @@ def test_tree_pass_and_compaction_equal_fresh_forwards(make_runner):
         # and the runner goes on from the compacted cache as from a fresh one
         nxt = torch.tensor([1])
         torch.testing.assert_close(runner.forward(nxt), reference.forward(nxt), rtol=1e-4, atol=1e-4)
-
-
-def check_tree_logits(logits, context, tree, last_logits, tol=1e-4):
-    """A tree pass's logits (row 0 the root, row i + 1 node i) against last_logits(sequence) of the plain
-    sequence: context followed by the node's path."""
-    for node in [-1] + list(range(len(tree))):
-        path = tree.path(node) if node >= 0 else []
-        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
-        torch.testing.assert_close(logits[node + 1], last_logits(seq), rtol=tol, atol=tol)
-
-
-def kv(runner):
-    if isinstance(runner, HFRunner):
-        return [t for layer in runner.cache.layers for t in (layer.keys, layer.values)]
-    return [runner.k_cache[..., : runner.length, :], runner.v_cache[..., : runner.length, :]]
 
 
 def test_attention_mask_sees_context_and_ancestors():

@@ -74,7 +74,7 @@ def test_profile_and_helpers():
     assert sum(prof[p] for p in parts) == pytest.approx(prof["loop_seconds"])
     lookup = bench.profile_sps(setup.lean_target, LookupDraft(64), prompt, k=2, max_new_tokens=8)
     assert lookup["tokens"] == 8 and lookup["loops"] - 1 <= lookup["draft_calls"] <= lookup["loops"]
-    assert bench.parse_ks("1,2,...,7") == list(range(1, 8)) == bench.parse_ks("1-7")
+    assert workloads.parse_ks("1,2,...,7") == list(range(1, 8)) == workloads.parse_ks("1-7")
     assert speedup.predicted_speedup(0.0, 4, 0.1, 1.0) == 1 / 1.4
     assert abs(speedup.predicted_speedup(1.0, 3, 0.0, 1.0) - 4) < 1e-12
 
@@ -158,7 +158,7 @@ def test_bad_runner_specs_are_clear_errors(spec, capsys):
 
 
 def test_bench_runs_token_trees_beside_chains():
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
     target = tiny(0)
     draft = workloads.truncated_draft(target, 1)

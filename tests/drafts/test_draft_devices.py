@@ -6,7 +6,7 @@ embedding on cuda:0). Here every draft kind proposes (chain and tree) with traps
 - chain: the default device is "meta" while a proposal runs, so a tensor created without `device=` is a
   meta tensor, which the first op that mixes it with a real one refuses (and which cannot be returned);
 - chain and tree: `.cpu()`, `.numpy()` and `.to("cpu")` calls are recorded: on CUDA each is a copy to the
-  host. (A tree's shape is decided on the host by design, specrepro.tree: its masks and slot lists are
+  host. (A tree's shape is decided on the host by design, specrepro.algorithm.tree: its masks and slot lists are
   built there and copied over once per level, so the meta trap does not apply to trees.)
 The trained drafts load onto the target's device (checked with the `meta` target device in
 test_trained_draft_goes_where_the_target_is); the real CUDA runs are in tests/engines/test_devices.py.
@@ -18,15 +18,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import specrepro as sr
-from conftest import tiny_llama
+from helpers import tiny_llama
 from specrepro.drafts import (FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft,
                               TruncatedDraft)
 from specrepro.drafts.trainer import draft_device
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.runners import HFRunner
 from specrepro.engines.static import StaticRunner
-from specrepro.sampling import SamplingConfig
-from specrepro.tree import TreeSpec
+from specrepro.algorithm.tree import TreeSpec
 
 HOST = {torch.Tensor.cpu, torch.Tensor.numpy}
 

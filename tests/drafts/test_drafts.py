@@ -14,8 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepro.drafts import FeatureDraft, HeadsDraft, SmallDraft, load, train
 from specrepro.drafts.trainer import KINDS, MARKER
-from specrepro.sampling import SamplingConfig
-from specrepro.speculative import autoregressive_generate, speculative_generate
+from specrepro.algorithm.sampling import SamplingConfig
+from specrepro.generate import autoregressive_generate, speculative_generate
 
 TINY_DATA = {"news_tokens": 512, "code_tokens": 512, "gen_news": 2, "gen_code": 2, "gen_new_tokens": 8,
              "batch": 2, "window": 32}

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 import specrepro as sr
-from conftest import tiny_llama
+from helpers import tiny_llama
 from specrepro.drafts import LookupDraft, TruncatedDraft, truncated_model
-from specrepro.sampling import SamplingConfig
+from specrepro.algorithm.sampling import SamplingConfig
 
 
 def test_lookup_proposes_continuation_of_latest_longest_match():
@@ -110,7 +110,7 @@ def test_measure_cli_rejects_bad_arguments(argv, message, capsys):
 
 def test_hybrid_draft_greedy_equals_ars_and_uses_both_proposers(smollm):
     from specrepro.drafts import HybridDraft
-    from specrepro.experiments.notebook import make_draft
+    from specrepro.experiments.workloads import make_draft
 
     model, tokenizer = smollm
     text = "def add(a, b):\n    return a + b\n\n\ndef add3(a, b, c):\n    return"

@@ -16,7 +16,7 @@ from specrepro.drafts import load
 from specrepro.drafts.longrun import load_config, run
 from specrepro.drafts.shipped import find_shipped, shipped_root, verify
 from specrepro.drafts.trainer import MARKER
-from specrepro.sampling import SamplingConfig
+from specrepro.algorithm.sampling import SamplingConfig
 
 SHIPPED_KINDS = sorted(p.name for p in shipped_root().iterdir() if (p / "config.json").exists()) \
     if shipped_root().exists() else []

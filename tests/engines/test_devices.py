@@ -7,19 +7,17 @@ greedy ArS and HF generate on it, and its sampled joint passes the chi-square ha
 The CUDA cases at the end run only where a GPU is visible.
 """
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specrepro as sr
-from conftest import tiny_llama
-from specrepro.stats import wrong
+from helpers import tiny_llama
+from specrepro.experiments import wrong
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.runners import HFRunner, input_device, is_dispatched, split_reason
-from specrepro.sampling import SamplingConfig, sample
+from specrepro.algorithm.sampling import SamplingConfig, sample
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 
 VOCAB = 5
@@ -103,10 +101,11 @@ def test_greedy_sps_equals_ars_and_hf_generate_on_split_target(models):
     assert torch.equal(sps.tokens, hf) and sum(sps.accepted) == n - sps.target_calls  # a perfect draft
 
 
-def _draw(target, draft, k, seed, n=N, length=3):
+def _draw(target, draft, k, seed, n=N, length=3, rules=None):
     g = torch.Generator().manual_seed(seed)
     return [truncate_outcome(sr.speculative_generate(target, draft, PROMPT, max_new_tokens=max(length, k + 1),
-                                                     lookahead=k, generator=g).tokens, length) for _ in range(n)]
+                                                     lookahead=k, generator=g, _rules=rules).tokens, length)
+            for _ in range(n)]
 
 
 @pytest.mark.slow  # ~85 s: every forward of the split model reads its disk-offloaded layers back
@@ -115,8 +114,7 @@ def test_sampled_joint_on_split_target_is_the_target_joint(models):
     expected = exact_joint(plain, PROMPT, 3, SamplingConfig())  # the undispatched model is the reference
     right = chisquare_fit(_draw(split, draft, 2, seed=11), expected)
     assert right.pvalue > ALPHA, right
-    with wrong.rejection_step_replaced(wrong.resample_from_q):
-        bad = chisquare_fit(_draw(split, draft, 2, seed=12), expected)
+    bad = chisquare_fit(_draw(split, draft, 2, seed=12, rules=wrong.chain_rules(wrong.resample_from_q)), expected)
     assert bad.pvalue < ALPHA, bad
 
 
@@ -217,7 +215,7 @@ def test_cuda_greedy_chain_and_tree_equal_plain_greedy(runner):
     """On a GPU, in float32: greedy SpS with a chain and with token trees (the tree's 4-D mask, depth
     positions and KV compaction running on CUDA) equals greedy ArS and HF generate token for token."""
     from specrepro.drafts import ModelDraft
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
     target = tiny_llama(0, VOCAB, layers=3, eos_token_id=None).to("cuda")
     draft = tiny_llama(1, VOCAB, layers=1, eos_token_id=None).to("cuda")
@@ -240,9 +238,8 @@ def test_cuda_tree_sampled_joint_is_the_target_joint():
     import copy
 
     from specrepro.drafts import ModelDraft
-    from specrepro.tree import TreeSpec
-    sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))
-    from test_tree import EOS, fit
+    from specrepro.algorithm.tree import TreeSpec
+    from helpers import EOS, fit_tree as fit
 
     target, draft = tiny_llama(0), tiny_llama(3)  # test_tree's power pair
     gpu_target = LeanRunner(copy.deepcopy(target).to("cuda"))
@@ -252,8 +249,8 @@ def test_cuda_tree_sampled_joint_is_the_target_joint():
     print(right)
     assert right.pvalue > ALPHA, right
     assert stats["accepted_any"] > 0
-    with wrong.tree_rule_replaced(wrong.tree_siblings_not_removed):
-        bad, _, _ = fit(gpu_target, gpu_draft, *args, seed=601, model=target)
+    bad, _, _ = fit(gpu_target, gpu_draft, *args, seed=601, model=target,
+                    rules=wrong.tree_rules(wrong.tree_siblings_not_removed))
     print(bad)
     assert bad.pvalue < ALPHA, bad
 
@@ -271,7 +268,7 @@ def test_cuda_graph_runner_matches_eager_lean(graphs):
     tokens with rollbacks, trees and compaction, and greedy SpS equals HF generate token for token."""
     from specrepro.engines.static import StaticRunner
     from specrepro.drafts import ModelDraft
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
     target = tiny_llama(0, VOCAB, layers=3, eos_token_id=None, window=256).to("cuda")
     ids = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(0)).cuda()
@@ -316,7 +313,7 @@ def test_cuda_every_draft_kind_greedy_chain_and_tree(runner):
     """Every draft kind with a CUDA target: its state stays on the GPU (no device mix-ups), and greedy SpS
     (chain and tree) equals greedy ArS token for token."""
     from specrepro.engines.static import StaticRunner
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
     model = tiny_llama(0, VOCAB, layers=3, eos_token_id=None).to("cuda")
     drafts = _cuda_drafts(model)
@@ -347,10 +344,9 @@ def test_cuda_static_runners_tree_joint_and_feature_draft():
 
     from specrepro.drafts import FeatureDraft, ModelDraft
     from specrepro.engines.static import StaticRunner
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))
-    from test_tree import EOS, fit
+    from helpers import EOS, fit_tree as fit
 
     target, draft = tiny_llama(0), tiny_llama(3)
     gpu_target = copy.deepcopy(target).to("cuda")
@@ -360,8 +356,7 @@ def test_cuda_static_runners_tree_joint_and_feature_draft():
     right, _, stats = fit(t, d, *args, seed=610, model=target)
     print(right)
     assert right.pvalue > CUDA_ALPHA and stats["accepted_any"] > 0, right
-    with wrong.tree_rule_replaced(wrong.tree_siblings_not_removed):
-        bad, _, _ = fit(t, d, *args, seed=611, model=target)
+    bad, _, _ = fit(t, d, *args, seed=611, model=target, rules=wrong.tree_rules(wrong.tree_siblings_not_removed))
     print(bad)
     assert bad.pvalue < CUDA_ALPHA, bad
     feature = FeatureDraft.init_for(gpu_target, {"ffn": 32}, seed=3)

@@ -1,7 +1,7 @@
 """LeanRunner against the HF reference: logits, hidden states, and whole generations token for token."""
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import specrepro as sr
 from specrepro.drafts import ModelDraft
@@ -10,31 +10,7 @@ from specrepro.engines.kernels import unavailable_reason
 from specrepro.engines.lean import LeanRunner, attend, causal_mask
 from specrepro.engines.runners import HFRunner
 
-# a prompt fed in chunks, rolling back between some of them: (start, end) of each forward
-CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
-
-
-def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
-        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-def run_chunks(runner, ids, chunks=CHUNKS):
-    """(start, end, logits, hidden) of each forward of ids[start:end], fed in `chunks` with rollbacks in between."""
-    runner.reset()
-    rows = []
-    for start, end in chunks:
-        runner.rollback(start)
-        assert runner.length == start
-        logits = runner.forward(ids[start:end])
-        assert runner.length == end
-        rows.append((start, end, logits, getattr(runner, "hidden", None)))
-    return rows
+from helpers import llama, run_chunks
 
 
 ONEDNN = pytest.param("onednn", marks=pytest.mark.skipif(

@@ -2,22 +2,20 @@
 against a float32 runner over the same bfloat16 weights, itself fed in chunks, trees and generations."""
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
-from specrepro import tree as tree_module
-from specrepro.batch import BatchLeanRunner
+from specrepro.algorithm import tree as tree_module
+from specrepro.engines.batch import BatchLeanRunner
 from specrepro.engines import kernels, native
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.static import StaticRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))
-from test_tree import check_tree_logits, fixed_tree  # noqa: E402  (the tree test_tree checks the HF and lean runners on)
-from test_lean import run_chunks  # noqa: E402  (the lean runner's chunked feeding, rollbacks in between)
+from helpers import check_tree_logits, fixed_tree
+from helpers import run_chunks
 
 # The build needs g++ (the CI script installs it): without one, the reason is the skip's message; with one,
 # a failed build fails these tests.

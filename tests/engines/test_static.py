@@ -8,25 +8,22 @@ Losslessness: the chain and the tree sampler with StaticRunner target and draft 
 joint (test_lossless / test_tree harness), family-wise alpha 0.01 Bonferroni-corrected over the 2 correct
 runs; a wrong rejection step and a wrong tree rule on the same runners must be rejected at that level.
 """
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from test_lean import llama, run_chunks  # the same tiny Llama and chunked feeding the lean runner is checked with
+from helpers import llama, run_chunks
 
 import specrepro as sr
-from conftest import EOS, tiny_llama
-from specrepro import tree as tree_module
+from helpers import EOS, tiny_llama
+from specrepro.algorithm import tree as tree_module
 from specrepro.drafts import ModelDraft
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.static import BUCKETS, StaticRunner, bucket_for
-from specrepro.sampling import SamplingConfig
-from specrepro.stats import wrong
+from specrepro.algorithm.sampling import SamplingConfig
+from specrepro.experiments import wrong
 from specrepro.stats.exact import chisquare_fit, exact_joint
-from specrepro.tree import TreeSpec
+from specrepro.algorithm.tree import TreeSpec
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "algorithm"))  # test_lossless's and test_tree's harnesses
 ALPHA = 0.01 / 2  # the chain and the tree run below; each wrong variant must fall under the same level
 # (start, end) of each forward: rollbacks, bucket sizes 1..64 crossed, a block larger than the largest bucket
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 33), (30, 31), (31, 110), (100, 120)]
@@ -82,7 +79,7 @@ def test_padding_never_leaks_into_real_rows():
 def test_tree_pass_and_compaction_equal_fresh_forwards(on_host):
     model = llama()
     context = torch.tensor([0, 3, 2, 2, 7, 9])
-    from test_tree import check_tree_logits, fixed_tree  # the tree and check test_tree runs on the HF and lean runners
+    from helpers import check_tree_logits, fixed_tree
 
     tree = fixed_tree(50)  # 9 rows with the root: bucket 16
     runner = StaticRunner(model, capacity=16)
@@ -114,7 +111,7 @@ def test_tree_larger_than_every_bucket_gets_its_own():
     model = llama()
     runner = StaticRunner(model, capacity=64, buckets=(1, 2, 4))
     context = torch.tensor([0, 3, 2])
-    from test_tree import fixed_tree  # the tree test_tree checks the HF and lean runners on
+    from helpers import fixed_tree
 
     tree = fixed_tree(50)  # 9 rows > 4
     runner.prefill(context[:-1])
@@ -172,7 +169,7 @@ def test_bad_settings_are_clear_errors():
 # --- losslessness with static runners -------------------------------------------------------------------------
 
 def test_chain_sampled_joint_with_static_runners(tiny_pair):
-    from test_lossless import L, PROMPT, draw
+    from helpers import L, PROMPT, draw_chain as draw
 
     target, draft = tiny_pair
     t, d = StaticRunner(target), ModelDraft(StaticRunner(draft))
@@ -182,14 +179,14 @@ def test_chain_sampled_joint_with_static_runners(tiny_pair):
     right = chisquare_fit(outcomes, expected)
     print(right)
     assert right.pvalue > ALPHA and right.cells >= 5 and bonus > 0, right
-    with wrong.rejection_step_replaced(wrong.resample_from_q):
-        bad = chisquare_fit(draw(t, d, 3, sampling, EOS, seed=701)[0], expected)
+    bad = chisquare_fit(draw(t, d, 3, sampling, EOS, seed=701, rules=wrong.chain_rules(wrong.resample_from_q))[0],
+                        expected)
     print(bad)
     assert bad.pvalue < ALPHA, bad
 
 
 def test_tree_sampled_joint_with_static_runners(tiny_pair):
-    from test_tree import fit
+    from helpers import fit_tree as fit
 
     target, _ = tiny_pair
     draft = tiny_llama(3)  # test_tree's power draft
@@ -198,8 +195,7 @@ def test_tree_sampled_joint_with_static_runners(tiny_pair):
     right, _, stats = fit(t, d, *args, seed=702, model=target)
     print(right)
     assert right.pvalue > ALPHA and stats["accepted_any"] > 0 and stats["rejected_all"] > 0, right
-    with wrong.tree_rule_replaced(wrong.tree_siblings_not_removed):
-        bad, _, _ = fit(t, d, *args, seed=703, model=target)
+    bad, _, _ = fit(t, d, *args, seed=703, model=target, rules=wrong.tree_rules(wrong.tree_siblings_not_removed))
     print(bad)
     assert bad.pvalue < ALPHA, bad
 
@@ -207,7 +203,7 @@ def test_tree_sampled_joint_with_static_runners(tiny_pair):
 def test_tune_measures_a_static_candidate_after_its_warmup():
     """sr.tune's plumbing for graph candidates (on a GPU: graphs cuda / compile), run here with graphs none:
     the runner is built, warmed over every measured size, timed, and its capture time reported."""
-    from specrepro.engines import tuning
+    from specrepro.tuning import tune as tuning
 
     model = llama()
     cand = tuning.Candidate("float32", "eager", 1, graphs="none")

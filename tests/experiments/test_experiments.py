@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from specrepro.experiments import notebook as ex
-from specrepro.experiments.results import ResultsFile, atomic_write_text, read_csv, write_csv, write_json
-from specrepro.sampling import SamplingConfig
+from specrepro.experiments.lossless import run_losslessness, toy_models
+from specrepro.experiments.records import check_params, generation_record, per_token_latencies
+from specrepro.experiments.workloads import make_draft
+from specrepro.stats.speedup import acceptance_mle, predicted_speedup
+from specrepro.tuning.costs import measure_costs
+from specrepro.experiments.results import ResultsFile, read_csv, write_csv
+from specrepro.files import atomic_write_text, write_json
+from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.stats.exact import chisquare_fit, exact_joint
 
 
@@ -94,7 +99,7 @@ def test_chisquare_pools_small_cells():
 
 
 def test_exact_joint_sums_to_one_and_matches_model():
-    q, _ = ex.toy_models()
+    q, _ = toy_models()
     prompt = torch.tensor([0, 3])
     joint = exact_joint(q, prompt, 2, SamplingConfig(0.7, None, 0.9))
     assert 0 < len(joint) <= 36 and all(len(s) == 2 for s in joint)
@@ -108,7 +113,7 @@ def test_exact_joint_sums_to_one_and_matches_model():
 def test_toy_models_are_far_apart():
     # resampling from q at a rejection emits min(p, q) + (1 - sum min(p, q)) q: the chi-square can only
     # see it where that is far from q, which needs p and q far apart (specrepro.stats.toy's logit_scale)
-    q_model, p_model = ex.toy_models()
+    q_model, p_model = toy_models()
     prompt = torch.tensor([[0, 3]])
     q, p = (torch.softmax(m(input_ids=prompt).logits[0, -1], -1) for m in (q_model, p_model))
     overlap = torch.minimum(p, q)
@@ -120,35 +125,35 @@ def test_toy_models_are_far_apart():
 def test_losslessness_correct_passes_wrong_fails(tmp_path):
     settings = [{"name": "sps", "sampler": "sps", "lookahead": 2},
                 {"name": "wrong", "sampler": "sps_wrong_resample_q", "lookahead": 2}]
-    rows = ex.run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200)
+    rows = run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200)
     by = {r["setting"]: r for r in rows}
     assert by["sps"]["pvalue"] > by["sps"]["alpha_corrected"]
     assert by["wrong"]["pvalue"] < by["wrong"]["alpha_corrected"]
     # resuming recomputes nothing and gives the same numbers
-    assert ex.run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200) == rows
+    assert run_losslessness(settings, tmp_path / "l.jsonl", n_samples=400, chunk=200) == rows
 
 
 def test_acceptance_mle_and_prediction():
     # loops: kept 2 of 2 (censored), 0 of 2, 1 of 2 -> 3 acceptances, 2 rejections
-    assert ex.acceptance_mle([2, 0, 1], [2, 2, 2]) == pytest.approx(3 / 5)
-    assert ex.predicted_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)
-    assert ex.predicted_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)
+    assert acceptance_mle([2, 0, 1], [2, 2, 2]) == pytest.approx(3 / 5)
+    assert predicted_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)
+    assert predicted_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)
     a, k, c, v = 0.8, 4, 0.1, 1.2
-    assert ex.predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
+    assert predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
 
 
 def test_per_token_latency_and_emitted_counts():
     gen = type("G", (), {"tokens": torch.arange(5), "accepted": [2, 0, 3], "proposed": [3, 3, 3],
                          "loop_seconds": [0.3, 0.1, 0.4], "seconds": 1.0, "target_calls": 3, "draft_calls": 9})()
-    rec = ex.generation_record(gen, "k")
+    rec = generation_record(gen, "k")
     assert rec["emitted"] == [3, 1, 1]  # the last loop was cut by the token budget
-    lat = ex.per_token_latencies([rec])
+    lat = per_token_latencies([rec])
     assert lat == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.4])
 
 
 def test_check_params_names_the_typo():
     with pytest.raises(ValueError, match="n_sampels"):
-        ex.check_params({"n_sampels": 3}, {"n_samples"})
+        check_params({"n_sampels": 3}, {"n_samples"})
 
 
 def test_truncated_draft_is_a_valid_draft():
@@ -157,7 +162,7 @@ def test_truncated_draft_is_a_valid_draft():
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                           num_attention_heads=4, num_key_value_heads=4)).eval()
-    draft = ex.make_draft("truncated:2", target)
+    draft = make_draft("truncated:2", target)
     assert len(draft.model.layers) == 2 and len(target.model.layers) == 4
     assert target.config.num_hidden_layers == 4
     assert draft.lm_head is target.lm_head and draft.model.layers[0] is target.model.layers[0]  # shared, no copy
@@ -174,6 +179,6 @@ def test_measure_costs_feeds_target_features_to_feature_drafts():
     from specrepro.stats.toy import tiny_llama
 
     target = tiny_llama(0, vocab=40, layers=2)
-    costs = ex.measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],
+    costs = measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],
                              reps=1)
     assert costs["c"] > 0 and set(costs["v"]) == {1, 2} and set(costs["target_ms"]) == {1, 2, 3}

@@ -21,9 +21,10 @@ import torch
 import specrepro as sr
 import specrepro.models as models
 from specrepro.experiments import reproduce
-from conftest import tiny_llama
-from specrepro.experiments.results import ResultsFile, read_csv, write_csv, write_json
-from test_errors import _word_tokenizer
+from helpers import tiny_llama
+from specrepro.experiments.results import ResultsFile, read_csv, write_csv
+from specrepro.files import write_json
+from helpers import word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 FORK = multiprocessing.get_context("fork")
@@ -119,7 +120,7 @@ def _fake_convert(log):
             f.write(f"{os.getpid()}\n")
         time.sleep(0.5)
         tiny_llama(0, vocab=4).save_pretrained(out)
-        _word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(out)
+        word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(out)
         models.write_marker(out, gguf)
     return convert
 
@@ -159,7 +160,7 @@ def test_leftover_of_a_killed_conversion_is_removed(fake_home):
 
 def test_truncated_safetensors_is_a_clear_error(tmp_path):
     tiny_llama(0, vocab=4).save_pretrained(tmp_path)
-    _word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(tmp_path)
+    word_tokenizer(["<unk>", "</s>", "hello", "world"]).save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
     data = weights.read_bytes()
     for damaged in (data[: len(data) // 2], data[:5], bytes(len(data))):

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from specrepro.experiments import notebook as ex
+from specrepro.experiments.table1 import code_similarity, summarise_table1
 from specrepro.stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 
 
@@ -54,8 +54,8 @@ def test_paired_test_finds_a_shift_and_not_identity():
 
 def test_code_similarity():
     canonical = "    return sorted(set(l))\n"
-    assert ex.code_similarity(canonical, canonical) == 1.0
-    assert ex.code_similarity("    x = 1\n    return x + 2\n", canonical) < 0.5
+    assert code_similarity(canonical, canonical) == 1.0
+    assert code_similarity("    x = 1\n    return x + 2\n", canonical) < 0.5
 
 
 def record(bench, method, item, tokens, seconds, score=None, status=None, similarity=None):
@@ -77,7 +77,7 @@ def test_table1_summary_has_cis_paired_tests_and_text_identity():
                     record("humaneval", "ArS", f"h{i}", toks, 0.4, status="failed", similarity=0.2 + 0.05 * i),
                     record("humaneval", "SpS", f"h{i}", toks[:3] + [9], 0.2, status="passed" if i == 0 else "failed",
                            similarity=0.2 + 0.05 * i)]
-    rows = {(r["benchmark"], r["method"]): r for r in ex.summarise_table1(records, pass_k=(1,))}
+    rows = {(r["benchmark"], r["method"]): r for r in summarise_table1(records, pass_k=(1,))}
     news = rows[("news", "SpS")]
     assert news["speedup"] == pytest.approx(2.0) and news["speedup_ci_low"] == pytest.approx(2.0)
     assert news["identical_text"] == 1.0 and news["quality_wilcoxon_p"] == 1.0 and news["n_items"] == 6

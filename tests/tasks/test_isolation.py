@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from specrepro.experiments.notebook import _pass_rates
+from specrepro.experiments.table1 import _pass_rates
 from specrepro.tasks import sandbox
 from specrepro.tasks.humaneval import check_completion, load_humaneval
 from specrepro.tasks.sandbox import SandboxWarning, run_untrusted, sandbox_info

@@ -4,7 +4,7 @@ import torch
 
 import specrepro as sr
 from specrepro.engines import kernels, machine
-from specrepro.engines import tuning as tune_mod
+from specrepro.tuning import tune as tune_mod
 from specrepro.engines.lean import LeanRunner
 from specrepro.stats.speedup import expected_tokens
 from specrepro.stats.toy import tiny_llama
@@ -169,7 +169,7 @@ def test_bad_tune_settings_are_clear_errors(home, kwargs, match):
 
 
 def test_tune_weighs_trees_against_the_chain_on_the_prompt(home):
-    from specrepro.tree import TreeSpec
+    from specrepro.algorithm.tree import TreeSpec
 
     model, draft = llama(0), llama(3, layers=1)
     prompt = torch.tensor([0, 4, 9, 4, 9, 4])

@@ -1,6 +1,6 @@
 """Tree speculative sampling: several candidates per position, verified in one target pass, exactly lossless.
 
-Notation as in Algorithm 2 (DESIGN.md): p = draft, q = target. A draft proposes a token tree instead of a
+Notation as in Algorithm 2 of the paper: p = draft, q = target. A draft proposes a token tree instead of a
 chain: the root is the context's last token, each node a candidate for the token after its parent. One
 target pass over the root and every node (each node attends to the context and its own ancestors, at
 position context + depth) gives q after every node. `accept` then walks down from the root and emits the
@@ -29,13 +29,13 @@ q and children, drawn (like everything in the tree) before any coin was thrown. 
 the target's distribution given the tokens before it, which is what autoregressive sampling does.
 
 What the p_i are: children sampled WITHOUT replacement from a draft distribution p have
-p_i = p with x_1..x_{i-1} removed, renormalised (`draw_children`). A deterministic proposer (prompt lookup,
+p_i = p with x_1..x_{i-1} removed, renormalised (specrepro.drafts.growing.draw_children). A deterministic proposer (prompt lookup,
 greedy drafts) makes one-hot rows, p_i = onehot(x_i): child i is accepted with probability r(x_i) and the
 residual becomes r with x_i zeroed, renormalised. With one child per node (width 1) this is Algorithm 2
 step for step, and `accept` draws its uniforms as `rejection_step` does, so a chain reproduces the chain.
 
-Which nodes get children, and how many, is decided level by level from the draft alone, BEFORE those
-children are drawn (the best `width` nodes of the last level by cumulative draft probability, EAGLE-2
+Which nodes get children, and how many, is decided level by level from the draft alone (specrepro.drafts.
+growing.grow), BEFORE those children are drawn (the best `width` nodes of the last level by cumulative draft probability, EAGLE-2
 style, within the node budget): it may depend on anything drawn earlier, never on the children
 themselves. Discarding children after seeing them (keeping the likeliest) would make x_i no longer a draw
 from p_i, and the proof above would fail. The draft's "distribution after a node" need not be a true
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .sampling import SamplingConfig, sample, uniforms
+from .sampling import sample, uniforms
 
 MAX_DEPTH = 32
 
@@ -230,116 +230,7 @@ def keep_slots(context: int, path: list[int]) -> torch.Tensor:
     return torch.cat([torch.arange(context + 1), context + 1 + torch.tensor(path, dtype=torch.long)])
 
 
-# --- drafting --------------------------------------------------------------------------------------------
-
-def draw_children(p: torch.Tensor, m: int, generator: torch.Generator | None = None):
-    """m tokens drawn WITHOUT replacement from p, one at a time (fewer if p has fewer nonzero entries).
-
-    Returns (tokens, rows): rows[i] is p without tokens[:i], renormalised: what tokens[i] was drawn from.
-    For m == 1 this is `sample(p)`, the chain's draw.
-    """
-    tokens, rows = [], []
-    current = p
-    for _ in range(m):
-        token = int(sample(current, generator))
-        tokens.append(token)
-        rows.append(current)
-        rest = current.clone()
-        rest[token] = 0
-        total = rest.sum()
-        if total <= 0:
-            break
-        current = rest / total
-    return tokens, rows
-
-
-def top_children(logits: torch.Tensor, m: int):
-    """Greedy drafting: the m likeliest tokens (fewer where the draft gives the rest no mass), one-hot rows."""
-    probs = logits.float().softmax(-1)
-    m = min(m, int((probs > 0).sum()))
-    tokens = probs.topk(m).indices.tolist()
-    return tokens, list(one_hot_rows(tokens, logits.shape[-1], logits.device))
-
-
-def one_hot_rows(tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
-    """[len(tokens), V] float32 one-hot rows (F.one_hot would build an int64 table first: 3x the memory),
-    on `device` (default the CPU): a draft's rows stay beside its other rows, on its device."""
-    rows = torch.zeros(len(tokens), vocab_size, device=device)
-    rows[torch.arange(len(tokens), device=device), torch.tensor(tokens, dtype=torch.long, device=device)] = 1.0
-    return rows
-
-
-def without(p: torch.Tensor, tokens: list[int]) -> torch.Tensor | None:
-    """p with `tokens` removed, renormalised (None if nothing is left)."""
-    if not tokens:
-        return p
-    rest = p.clone()
-    rest[torch.tensor(tokens, dtype=torch.long)] = 0
-    total = rest.sum()
-    return rest / total if total > 0 else None
-
-
-def draft_children(probs: torch.Tensor, forced: list[int], m: int, greedy: bool, generator=None):
-    """The draft's m children of a node whose first children are the `forced` tokens: drawn (or, greedy, the
-    likeliest) from the draft distribution without the forced tokens; rows: what each was drawn from."""
-    rest = without(probs, forced)
-    if rest is None or m <= 0:
-        return [], []
-    if greedy:
-        m = min(m, int((rest > 0).sum()))
-        tokens = rest.topk(m).indices.tolist()
-        return tokens, list(one_hot_rows(tokens, probs.shape[-1], probs.device))
-    return draw_children(rest, m, generator)
-
-
-def grow(spec: TreeSpec, sampling: SamplingConfig, generator, root_logits: torch.Tensor, next_logits,
-         seed: dict[tuple, list[int]] | None = None) -> Tree:
-    """Build a tree level by level from a draft that gives logits after any node.
-
-    root_logits: [V] the draft's logits after the context. next_logits(tree, nodes) -> [len(nodes), V]:
-    its logits after each of `nodes` (one batched draft pass per level). Which nodes are expanded, and how
-    many children each gets, is decided before their children are drawn (see the module docstring).
-
-    seed (a hybrid draft's other proposer, e.g. prompt lookup's trie): path tokens -> tokens that an
-    expanded node with that path gets as its FIRST children, one-hot rows (a function of the context alone,
-    as for any deterministic proposer), scored as certain; the draft's own children follow, drawn from its
-    distribution without those tokens (`draft_children`), so each child is still a draw from its row.
-    """
-    tree = Tree(root_logits.shape[-1])
-    budget = spec.nodes
-    seed = seed or {}
-    paths: dict[int, tuple] = {-1: ()}
-    frontier, logits = [-1], root_logits.view(1, -1)
-    for level in range(spec.depth):
-        if level > 0:
-            # the `width` best nodes of the last level by cumulative draft probability (stable on ties)
-            frontier = sorted(frontier, key=lambda i: -tree.scores[i])[: spec.width]
-            logits = next_logits(tree, frontier)
-        new = []
-        # one node of the budget stays reserved for each deeper level, so that the tree reaches its depth
-        level_budget = budget - len(tree) - (spec.depth - level - 1)
-        for node, row in zip(frontier, logits):
-            m = min(spec.width, level_budget - len(new))
-            if m <= 0:
-                break
-            base = 1.0 if node < 0 else tree.scores[node]
-            forced = list(dict.fromkeys(seed.get(paths[node], [])))[:m]
-            kids = [tree.add(node, t, r, base) for t, r in zip(forced, one_hot_rows(forced, tree.vocab_size, row.device))]
-            if not forced and sampling.greedy:
-                tokens, rows = top_children(row, m)
-                probs = row.float().softmax(-1)
-            else:
-                probs = row.float().softmax(-1) if sampling.greedy else sampling.probs(row)
-                tokens, rows = draft_children(probs, forced, m - len(forced), sampling.greedy, generator)
-            kids += [tree.add(node, t, r, base * float(probs[t])) for t, r in zip(tokens, rows)]
-            for k in kids:
-                paths[k] = paths[node] + (tree.tokens[k],)
-            new += kids
-        if not new:
-            break
-        frontier = new
-    return tree
-
+# --- asking the draft for a tree -----------------------------------------------------------------------
 
 def propose(proposer, seq, spec: TreeSpec, sampling, generator, hidden) -> Tree:
     """The proposer's tree: its propose_tree, or for a draft that cannot branch, its chain (width 1 only)."""
@@ -395,25 +286,24 @@ def accept(tree: Tree, q: torch.Tensor, generator: torch.Generator | None = None
 
 # --- the generation loop ---------------------------------------------------------------------------------
 
-def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, stops, generator, hidden):
+def generate(runner, proposer, seq, out, max_new_tokens, spec, sampling, stops, generator, hidden, rule=accept):
     """The tree version of speculative_generate's loop: `out` is filled in and returned.
 
     runner: the target runner with the prompt but its last token cached; hidden: speculative._HiddenStates
     or None. Each loop: draft a tree (no deeper than the tokens left), one target pass, accept, compact.
-    `propose`, `accept` and `draw_children` are looked up at call time: specrepro.stats.wrong swaps in wrong rules.
+    rule: the acceptance walk (`accept`; the experiments' deliberately wrong rules replace it).
     """
     new: list[int] = []
     while len(new) < max_new_tokens:
         loop_start = time.perf_counter()
         depth = min(spec.depth, max_new_tokens - len(new) - 1)
         if depth > 0:
-            tree = propose(proposer, seq, spec.capped(depth), sampling, generator,
-                                               hidden.get() if hidden else None)
+            tree = propose(proposer, seq, spec.capped(depth), sampling, generator, hidden.get() if hidden else None)
         else:
-            tree = Tree(runner.vocab_size if hasattr(runner, "vocab_size") else proposer.vocab_size)
+            tree = Tree(runner.vocab_size)
         context = runner.length
         q = sampling.probs(verify(runner, seq[-1:], tree))
-        path, next_token = accept(tree, q, generator, sampling.greedy)
+        path, next_token = rule(tree, q, generator, sampling.greedy)
         keep = context + 1 + len(path)
         if path == list(range(len(path))):  # the path is the first nodes in cache order already
             runner.rollback(keep)

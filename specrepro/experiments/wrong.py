@@ -1,28 +1,28 @@
-"""Deliberately wrong samplers, for demonstrating the chi-square test's power: never use them to generate.
+"""Deliberately wrong samplers, for demonstrating the chi-square tests' power: never use them to generate.
 
-Each function has the signature of `specrepro.speculative.rejection_step` (Algorithm 2, steps 3-4) and
-gets swapped in for it (`rejection_step_replaced`, or monkeypatching in tests); the losslessness test must
-reject every one of them. `no_bonus_token` is the control: slower, but still exact, so it must pass.
+The chain rules have the signature of `specrepro.algorithm.speculative.rejection_step` (Algorithm 2, steps
+3-4) and run through `speculative_generate(..., _rules=chain_rules(rule))`; the losslessness test must reject
+every one of them. `no_bonus_token` is the control: slower, but still exact, so it must pass. The tree
+rules replace `specrepro.algorithm.tree.accept` (`_rules=tree_rules(rule)`), and the wrong child draws replace a
+draft's `children` (specrepro.drafts.growing.draft_children) on that draft object alone.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from .. import speculative
-from ..sampling import sample
+from ..algorithm.sampling import sample
+from ..algorithm.speculative import Rules
+from ..drafts.growing import draw_children, without
 
 
-@contextlib.contextmanager
-def rejection_step_replaced(step):
-    """Run speculative_generate with another rejection step (to show a wrong sampler failing)."""
-    original = speculative.rejection_step
-    speculative.rejection_step = step
-    try:
-        yield
-    finally:
-        speculative.rejection_step = original
+def chain_rules(step) -> Rules:
+    """The rules of a run whose chain rejection step is `step`."""
+    return Rules(rejection_step=step)
+
+
+def tree_rules(accept) -> Rules:
+    """The rules of a run whose tree acceptance walk is `accept`."""
+    return Rules(tree_accept=accept)
 
 
 def _accept(draft_tokens, p, q, generator):
@@ -98,29 +98,18 @@ def _correct_after(draft_tokens, p, q, generator, invert):
     return n, sample(residual / residual.sum(), generator)
 
 
-# --- wrong multi-candidate rules for token trees (specrepro.tree) ---------------------------------------------
-# Each has the signature of specrepro.tree.accept; `tree_rule_replaced` swaps one in (with, for the first,
-# a drafting step that samples children with replacement). The tree losslessness test must reject each.
+# --- wrong multi-candidate rules for token trees (specrepro.algorithm.tree) ------------------------------------
+# Each has the signature of specrepro.algorithm.tree.accept (run with `_rules=tree_rules(rule)`); the first goes with
+# a drafting step that samples children with replacement. The tree losslessness test must reject each.
 
-@contextlib.contextmanager
-def tree_rule_replaced(accept, draw_children=None):
-    """Run tree speculative sampling with another acceptance rule (and optionally another child draw)."""
-    from .. import tree
-
-    saved = tree.accept, tree.draw_children
-    tree.accept = accept
-    if draw_children is not None:
-        tree.draw_children = draw_children
-    try:
-        yield
-    finally:
-        tree.accept, tree.draw_children = saved
-
-
-def draw_with_replacement(p, m, generator=None):
-    """Children drawn independently from p (duplicates possible), each row p itself."""
-    tokens = [int(sample(p, generator)) for _ in range(m)]
-    return tokens, [p] * m
+def children_with_replacement(probs, forced, m, greedy, generator=None):
+    """A node's children drawn independently from the draft distribution without the forced tokens
+    (duplicates possible), each row that distribution itself: the signature of growing.draft_children."""
+    rest = without(probs, forced)
+    if rest is None or m <= 0:
+        return [], []
+    tokens = [int(sample(rest, generator)) for _ in range(m)]
+    return tokens, [rest] * m
 
 
 def _walk(tree, q, generator, child_test):
@@ -189,24 +178,10 @@ def tree_fallback_to_q(tree, q, generator=None, greedy=False):
 
 # --- a wrong merged (hybrid) tree: the draft's children beside the forced lookup tokens -----------------------
 
-@contextlib.contextmanager
-def draft_children_replaced(draft_children):
-    """Grow trees with another tree.draft_children (the draft's children of a node with forced tokens)."""
-    from .. import tree
-
-    saved = tree.draft_children
-    tree.draft_children = draft_children
-    try:
-        yield
-    finally:
-        tree.draft_children = saved
-
-
 def seeded_rows_keep_forced(probs, forced, m, greedy, generator=None):
     """Children drawn from the draft without the forced tokens, as they should be, but each row says the
-    full draft distribution (forced tokens and earlier siblings still in it): x_i is not a draw from its row."""
-    from ..tree import draw_children, without
-
+    full draft distribution (forced tokens and earlier siblings still in it): x_i is not a draw from its row.
+    The signature of growing.draft_children: give it to a draft as its `children`."""
     rest = without(probs, forced)
     if rest is None or m <= 0:
         return [], []

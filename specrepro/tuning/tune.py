@@ -8,7 +8,7 @@ for models it cannot run); on a CUDA target also the static-shape runner (engine
 graphs captured by torch.cuda.CUDAGraph ("graphs-cuda") and by torch.compile(mode="reduce-overhead")
 ("graphs-compile"), measured after capture; the capture time is reported ("capture_seconds") and the
 returned runner is captured before tune returns, so it is paid once per process. A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
-best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.engines.costs, the same
+best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.tuning.costs, the same
 measurement as the bench and the notebooks), and so is one draft step.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
 E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .costs import from_json, measure_cost_table
-from .kernels import BACKENDS, unavailable_reason
-from .machine import cpu_info, describe_cpu
+from ..engines.kernels import BACKENDS, unavailable_reason
+from ..engines.machine import cpu_info, describe_cpu
+from ..engines.runners import vocab_size
 from ..models import specrepro_home
 from ..files import write_json
 from ..stats.speedup import acceptance_mle, expected_tokens
@@ -148,7 +149,7 @@ def tune(
         "skipped": measured.get("skipped", {}),
     }
     if any(c.backend == "native" for c in candidates):
-        from . import native
+        from ..engines import native
 
         report["native"] = native.describe()  # which kernels were compiled, and the build time
     return Setting(target=runner, lookahead=choice["lookahead"], candidate=cand, tree=tree,
@@ -159,7 +160,7 @@ def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead
                   max_new_tokens: int = 48) -> list[dict]:
     """The chain at `lookahead` and each tree on the prompt with the candidate's runner: tau measured, time
     per token expected from the measured pass costs: (levels * draft step + pass over the nodes) / tau."""
-    from ..speculative import speculative_generate
+    from ..generate import speculative_generate
 
     costs = from_json(costs)
     runner = build_runner(target, cand)
@@ -176,7 +177,7 @@ def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead
 
 
 def _check_trees(trees, draft, prompt) -> list:
-    from ..tree import TreeSpec
+    from ..algorithm.tree import TreeSpec
 
     trees = list(trees or ())
     for t in trees:
@@ -189,8 +190,8 @@ def _check_trees(trees, draft, prompt) -> list:
 
 def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list[Candidate]:
     """Every (dtype, backend, threads[, compile]) to measure; the lean runner's knobs only where it applies."""
-    from .lean import is_llama_like
-    from .runners import split_reason
+    from ..engines.lean import is_llama_like
+    from ..engines.runners import split_reason
 
     # an HF runner in the model's own dtype: only threads vary (the lean runner needs all weights on one device)
     if not is_llama_like(target) or split_reason(target) is not None:
@@ -219,13 +220,13 @@ def _graph_sizes(max_lookahead: int, extra_sizes=()) -> list[int]:
 
 
 def build_runner(target, cand: Candidate):
-    from .lean import LeanRunner
-    from .runners import HFRunner
+    from ..engines.lean import LeanRunner
+    from ..engines.runners import HFRunner
 
     if cand.backend == "hf":
         return HFRunner(target)
     if cand.graphs:
-        from .static import StaticRunner
+        from ..engines.static import StaticRunner
 
         return StaticRunner(target, dtype=DTYPES[cand.dtype], graphs=cand.graphs)
     return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, compile=cand.compile)
@@ -246,7 +247,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     """
     before = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, _vocab(target), (32,), generator=g)
+    prefix = torch.randint(0, vocab_size(target), (32,), generator=g)
     screen, skipped, runners, unavailable, kept = {}, {}, {}, {}, {}
 
     def score(name):
@@ -370,7 +371,7 @@ DEFAULT_ACCEPTANCE_FOR_RANKING = 0.5
 def estimate_acceptance(target, draft, prompt, cand: dict, lookahead: int, temperature: float,
                         max_new_tokens: int = 32) -> float:
     """The censored MLE of a from one short SpS run (specrepro.stats.speedup.acceptance_mle)."""
-    from ..speculative import speculative_generate
+    from ..generate import speculative_generate
 
     runner = build_runner(target, Candidate(**cand))
     gen = speculative_generate(runner, draft, prompt, max_new_tokens=max_new_tokens, lookahead=max(lookahead, 1),
@@ -432,7 +433,7 @@ def _check_dtype(d) -> str:
 
 
 def _check_threads(threads) -> list[int]:
-    from .machine import cpu_info as _info
+    from ..engines.machine import cpu_info as _info
 
     if threads is None:
         cores = _info()["cores"]
@@ -447,12 +448,6 @@ def _device(model):
     return next(model.parameters()).device
 
 
-def _vocab(model) -> int:
-    from .runners import vocab_size
-
-    return vocab_size(model)
-
-
 def main(argv=None) -> dict:
     """specrepro-tune [--target ID] [--draft SPEC] [--acceptance A] [--threads N ...] [--no-cache]
 
@@ -461,7 +456,7 @@ def main(argv=None) -> dict:
     """
     import argparse
 
-    from .machine import copy_bandwidth, weight_bytes
+    from ..engines.machine import copy_bandwidth, weight_bytes
     from ..models import load_model
     from ..drafts.spec import make_draft
 

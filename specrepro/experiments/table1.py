@@ -1,135 +1,26 @@
-"""The experiments behind the notebooks: the lookahead sweep (Figure 1), Table 1 and the drafts table;
-losslessness lives in specrepro.experiments.lossless, prompts and drafts in specrepro.experiments.workloads, run records in
-specrepro.experiments.records (all reachable from here, which is what the notebooks import).
+"""Table 1: ArS against SpS at K = 4 on news summarisation (ROUGE-2) and HumanEval (pass@k), greedy and
+nucleus, with the paper's numbers beside ours.
 
-Notebooks only set parameters and call these functions. Every experiment is resumable: each finished
-item is appended to a JSON-lines results file (`specrepro.experiments.results.ResultsFile`) and skipped on a rerun;
-summary tables are written atomically next to the figures.
-Notation as in the paper: p = draft, q = target.
+Resumable: each finished item is appended to a JSON-lines results file and skipped on a rerun.
 """
 from __future__ import annotations
 
 import difflib
 import re
-import statistics
-from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from ..engines.costs import from_json, measure_costs
+from ..algorithm.speculative import stop_at_text
+from ..algorithm.tree import tree_specs
 from ..stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
-from .lossless import joint_table, run_losslessness, toy_models  # noqa: F401  (the notebooks' entry points)
-from .records import (  # noqa: F401
-    PROFILES, check_params, decode_ms_per_token, generate_item, generation_record, generator, per_token_latencies,
-    profile_note, repo_root, results_folder, run_header, write_outputs,
-)
-from .results import ResultsFile, machine_info, markdown_table  # noqa: F401
-from ..stats.speedup import acceptance_mle, expected_tokens, predicted_speedup  # noqa: F401
-from ..speculative import stop_at_text
 from ..tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
-from ..tasks.sandbox import sandbox_info
 from ..tasks.news import rouge2
-from ..tree import tree_specs
-from .workloads import (code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug,  # noqa: F401
-                        tuned_target)
+from ..tasks.sandbox import sandbox_info
+from .records import generate_item, generation_record, generator
+from .results import ResultsFile
+from .workloads import eos_ids
 
-# ---------------------------------------------------------------------------------------------------
-# Figure 1: the lookahead sweep
-
-
-def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
-                        sampling: dict, results_path, seed: int = 0, eos=None, repeats: int = 1,
-                        cost_repeats: int = 7, trees=()) -> dict:
-    """Generate every prompt at every K (K = 0 is ArS), interleaving K per prompt so load drifts hit all K.
-
-    prompts: {task: [{id, prompt_ids}]}. trees: token trees (TreeSpecs or 'WIDTHxDEPTH[/NODES]') run beside
-    the chains, each on the same prompts and seeds, with its pass over nodes + 1 tokens costed too.
-    Returns {"rows": per (task, K or tree) summary, "costs": per task}.
-    """
-    results = ResultsFile(results_path)
-    lookaheads = sorted(set(lookaheads) | {0})
-    trees = tree_specs(trees)
-    settings = [(k, None) for k in lookaheads] + [(t.depth, t) for t in trees]
-    sizes = [t.nodes + 1 for t in trees]
-    costs = {}
-    for task, items in prompts.items():
-        key = f"costs/{task}"
-        if key in results and not all(n - 1 in from_json(results.records[key])["v"] for n in sizes):
-            key = f"costs/{task}/trees{'-'.join(map(str, trees))}"  # measured before these trees were asked for
-        if key not in results:
-            measured = measure_costs(target, draft, items[0]["prompt_ids"], lookaheads, cost_repeats,
-                                     extra_sizes=sizes)
-            results.append({"key": key, **measured})
-        costs[task] = from_json({k: v for k, v in results.records[key].items() if k != "key"})
-    todo = [(task, it, r, k, t) for task, items in prompts.items() for it in items for r in range(repeats)
-            for k, t in settings]
-    for task, it, r, k, t in tqdm(todo, desc="lookahead sweep"):
-        key = f"{task}/{it['id']}/rep{r}/" + (f"tree{t}" if t else f"K{k}")
-        if key in results:
-            continue
-        gen = generate_item(target, draft, it["prompt_ids"], k, max_new_tokens, sampling, eos,
-                            generator(seed, f"{task}/{it['id']}/rep{r}"), tree=t)
-        results.append(generation_record(gen, key, task=task, item=it["id"], lookahead=k, rep=r,
-                                         **({"tree": str(t), "nodes": t.nodes} if t else {})))
-    rows = summarise_sweep(results.values(), costs, lookaheads, trees)
-    return {"rows": rows, "costs": costs}
-
-
-def summarise_sweep(records: list[dict], costs: dict, lookaheads, trees=()) -> list[dict]:
-    """Per (task, K), then per (task, tree): ms/token, speedup over K = 0 on the same prompts and tau, each
-    with a bootstrap 95% CI over prompts; acceptance, latency percentiles, and for chains the Leviathan
-    prediction from a, c and v(K) (a tree row's v is its pass over nodes + 1 tokens; no prediction)."""
-    gens = [r for r in records if "lookahead" in r]
-    settings = [(k, None) for k in lookaheads] + [(t.depth, str(t)) for t in tree_specs(trees)]
-    rows = []
-    for task in sorted({r["task"] for r in gens}):
-        mine = [r for r in gens if r["task"] == task]
-        spec = [r for r in mine if r["lookahead"] > 0 and not r.get("tree")]
-        a = acceptance_mle(sum((r["accepted"] for r in spec), []), sum((r["proposed"] for r in spec), []))
-        base = {(r["item"], r["rep"]): r for r in mine if r["lookahead"] == 0}
-        for k, tree in settings:
-            rs = [r for r in mine if r["lookahead"] == k and r.get("tree") == tree]
-            if not rs:
-                continue
-            tokens = sum(r["n_tokens"] for r in rs)
-            seconds = sum(r["seconds"] for r in rs)
-            lat = per_token_latencies(rs)
-            loops = sum((r["loop_seconds"] for r in rs), [])
-            acc = sum((r["accepted"] for r in rs), [])
-            prop = sum((r["proposed"] for r in rs), [])
-            tau, tau_lo, tau_hi = ratio_ci([r["n_tokens"] for r in rs], [r["target_calls"] for r in rs])
-            pairs = [(base[(r["item"], r["rep"])], r) for r in rs if (r["item"], r["rep"]) in base]
-            if pairs:
-                speedup, sp_lo, sp_hi = speedup_ci(
-                    [sum(b["loop_seconds"]) for b, _ in pairs], [b["n_tokens"] for b, _ in pairs],
-                    [sum(r["loop_seconds"]) for _, r in pairs], [r["n_tokens"] for _, r in pairs])
-            else:
-                speedup = sp_lo = sp_hi = float("nan")
-            c = costs[task].get("c", float("nan"))
-            nodes = rs[0]["nodes"] if tree else k
-            v = costs[task]["v"].get(nodes, float("nan")) if nodes else 1.0
-            rows.append({
-                "task": task, "K": k, "tree": tree or "", "nodes": nodes,
-                "n_generations": len(rs), "n_items": len({r["item"] for r in rs}),
-                "tokens": tokens, "total_seconds": seconds, "ms_per_token": decode_ms_per_token(rs),
-                "speedup": speedup, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
-                "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi, "tau_over_K1": tau / (k + 1),
-                "acceptance_rate": (sum(acc) / sum(prop)) if sum(prop) else float("nan"),
-                "acceptance_mle_K": acceptance_mle(acc, prop) if k and not tree else float("nan"),
-                "ms_per_loop": 1000 * statistics.median(loops),
-                "p50_ms": 1000 * float(np.percentile(lat, 50)), "p90_ms": 1000 * float(np.percentile(lat, 90)),
-                "p99_ms": 1000 * float(np.percentile(lat, 99)),
-                "a": a, "c": c, "v": v,
-                "expected_tokens": float("nan") if tree else expected_tokens(a, k) if k else 1.0,
-                "predicted_speedup": float("nan") if tree else predicted_speedup(a, k, c, v),
-            })
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------------
-# Table 1: ArS vs SpS at K = 4 on news summarisation (ROUGE-2) and HumanEval (pass@k)
 
 # Chen et al. 2023 (arXiv:2302.01318) Table 1: Chinchilla 70B target, 4B draft, 16 TPU v4, batch size 1,
 # K = 4. Caption: XSum with nucleus p = 0.8; HumanEval with p = 0.95 and temperature 0.8.
@@ -294,44 +185,3 @@ def _pass_rates(records: list[dict], pass_k) -> dict:
     # the isolation the verdicts ran under; records written before it was recorded say "unrecorded"
     out["sandbox"] = ", ".join(sorted({r.get("sandbox", "unrecorded") for r in records}))
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Draft strategies
-
-
-def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
-                   temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=None,
-                   runner=None, trees=()) -> list[dict]:
-    """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup;
-    with `trees` (TreeSpecs or 'WIDTHxDEPTH[/NODES]'), also each token tree's tau and speedup per draft.
-
-    prompts: {task: [{id, prompt_ids}]} (held-out news and HumanEval). Each (draft, temperature) is one
-    resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
-    runner: what generates as the target (e.g. a tuned LeanRunner); default the HF model itself. Drafts are
-    built from the HF model `target`, computing in `dtype` (default: the runner's, see compute_dtype).
-    """
-    if dtype is None:
-        dtype = compute_dtype(runner if runner is not None else target)
-    rows = []
-    path = Path(results_path)
-    for spec in draft_specs:
-        draft = make_draft(spec, target, dtype=dtype)
-        for temp in temperatures:
-            sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}{path.suffix}")
-            out = run_lookahead_sweep(runner if runner is not None else target, draft, prompts, lookaheads, max_new_tokens,
-                                      {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos,
-                                      trees=trees)
-            for r in out["rows"]:
-                if r["K"] > 0:
-                    rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"],
-                                 "tree": r["tree"], "nodes": r["nodes"], "a": r["a"],
-                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"],
-                                 "tau_ci_low": r["tau_ci_low"], "tau_ci_high": r["tau_ci_high"], "c": r["c"],
-                                 "v": r["v"], "speedup": r["speedup"], "speedup_ci_low": r["speedup_ci_low"],
-                                 "speedup_ci_high": r["speedup_ci_high"], "predicted_speedup": r["predicted_speedup"],
-                                 "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"],
-                                 "n_items": r["n_items"]})
-    return rows
-
-

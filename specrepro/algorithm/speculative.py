@@ -1,7 +1,9 @@
 """Autoregressive sampling (Algorithm 1) and speculative sampling (Algorithm 2) of Chen et al. 2023.
 
-Notation as in the paper: p = draft, q = target. Both functions share one loop: ArS is the loop with no
-draft, so the two differ only in the rejection step.
+Notation as in the paper: p = draft, q = target. Both share one loop, `sampling_loop`: ArS is the loop
+with no draft, so the two differ only in the rejection step. The loop sees the target as a runner
+(specrepro.engines.runners.Runner) and the draft as a `Proposer`; specrepro.generate turns models into
+them and checks the caller's arguments.
 """
 from __future__ import annotations
 
@@ -11,12 +13,28 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafts.base import Draft, as_draft
-from .engines.runners import HFRunner, context_window, vocab_size
+from typing import Protocol
+
+from ..engines.runners import Runner, hidden_kept
 from .sampling import SamplingConfig, sample, uniforms
 from . import tree as tree_sampling
 
-MAX_LOOKAHEAD = 32
+
+class Proposer(Protocol):
+    """A draft as the loop sees it (specrepro.drafts implements it; Draft is their base class).
+
+    propose(seq, k, sampling, generator, target_hidden) -> (tokens [j], p [j, V]) with j <= k, row t the
+    distribution token t was drawn from, after the same sampling transforms the target gets; propose_tree
+    (optional) proposes a token tree (specrepro.algorithm.tree). `calls` counts its forward passes.
+    """
+
+    vocab_size: int
+    wants_target_hidden: bool
+    calls: int
+
+    def reset(self) -> None: ...
+
+    def propose(self, seq, k, sampling, generator=None, target_hidden=None): ...
 
 
 @dataclass
@@ -121,81 +139,31 @@ def rejection_step(
     return k, sample(q[k], generator)
 
 
-def autoregressive_generate(
-    target,
-    input_ids: torch.Tensor,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | list[int] | None = None,
-    generator: torch.Generator | None = None,
-    stop_when: Callable[[list[int]], bool] | None = None,
-) -> Generation:
-    """Algorithm 1: one target forward per token.
+@dataclass(frozen=True)
+class Rules:
+    """The acceptance rules the loops apply: `rejection_step` for a chain, `tree_accept` for a token tree.
+    Only the experiments' deliberately wrong samplers (specrepro.experiments.wrong) pass others."""
 
-    stop_when: called with the new tokens after each token; True ends the generation after that token
-    (e.g. `stop_at_text(tokenizer, "```")`), like EOS.
+    rejection_step: Callable = rejection_step
+    tree_accept: Callable = tree_sampling.accept
+
+
+def sampling_loop(runner: Runner, proposer: Proposer | None, prompt: torch.Tensor, max_new_tokens: int,
+                  lookahead: int, sampling: SamplingConfig, stops: StopRule, generator=None,
+                  tree: tree_sampling.TreeSpec | None = None, rules: Rules = Rules()) -> Generation:
+    """Algorithm 1 (proposer None: one target pass per token) and Algorithm 2 (the proposer drafts up to
+    `lookahead` tokens, one target pass scores them all, `rules.rejection_step` keeps a prefix of them).
+
+    prompt: [n] LongTensor of valid ids on any device. tree: verify a token tree per target call instead
+    (specrepro.algorithm.tree). The runner is reset first and left holding the sequence.
     """
-    return _generate(target, None, input_ids, max_new_tokens, 0, temperature, top_k, top_p, eos_token_id, generator,
-                     stop_when=stop_when)
+    wants = proposer is not None and proposer.wants_target_hidden
+    with hidden_kept(runner, wants):
+        return _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, generator, tree, rules,
+                     wants)
 
 
-def speculative_generate(
-    target,
-    draft,
-    input_ids: torch.Tensor,
-    max_new_tokens: int = 64,
-    lookahead: int = 4,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | list[int] | None = None,
-    generator: torch.Generator | None = None,
-    tree: tree_sampling.TreeSpec | None = None,
-    stop_when: Callable[[list[int]], bool] | None = None,
-) -> Generation:
-    """Algorithm 2: the draft proposes `lookahead` tokens, one target pass scores them all.
-
-    tree: a TreeSpec verifies a token tree per target call instead (specrepro.tree; `lookahead` unused).
-    stop_when: as in autoregressive_generate; checked at every token of an accepted block, so greedy SpS
-    ends at the same token as greedy ArS.
-    """
-    if draft is None:
-        raise ValueError("speculative_generate needs a draft; use autoregressive_generate without one")
-    _check_lookahead(lookahead)
-    if tree is not None and not isinstance(tree, tree_sampling.TreeSpec):
-        raise TypeError(f"tree must be a specrepro.TreeSpec or None, got {type(tree).__name__}")
-    return _generate(
-        target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
-        tree, stop_when,
-    )
-
-
-def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, top_k, top_p, eos_token_id, generator,
-              tree=None, stop_when=None):
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    _check_max_new_tokens(max_new_tokens)
-    proposer: Draft | None = as_draft(draft) if draft is not None else None
-    if tree is not None:
-        tree_sampling.check_can_branch(proposer, tree)
-    if hasattr(target, "rollback"):  # already a runner (e.g. specrepro.engines.lean.LeanRunner)
-        runner = target
-        runner.keep_hidden = runner.keep_hidden or _wants_hidden(proposer)
-    else:
-        runner = HFRunner(target, keep_hidden=_wants_hidden(proposer))
-    vocab = _target_vocab(target, runner)
-    prompt = _check_prompt(input_ids, vocab)
-    _check_fits(prompt.shape[0], max_new_tokens, target, proposer)
-    if proposer is not None and proposer.vocab_size != vocab:
-        raise ValueError(
-            f"draft and target vocabularies differ ({proposer.vocab_size} vs {vocab} tokens): "
-            "the draft must use the target's tokenizer"
-        )
-    if stop_when is not None and not callable(stop_when):
-        raise TypeError(f"stop_when must be a callable taking the new token ids, got {type(stop_when).__name__}")
-    stops = StopRule(frozenset(_eos_set(eos_token_id)), stop_when)
-
+def _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, generator, tree, rules, wants):
     start = time.perf_counter()
     runner.reset()
     if proposer is not None:
@@ -204,7 +172,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
     out = Generation(tokens=prompt.new_empty(0))
     if max_new_tokens == 0:
         return out
-    hidden = _HiddenStates(runner) if _wants_hidden(proposer) else None
+    hidden = _HiddenStates(runner) if wants else None
     if prompt.shape[0] > 1:
         # a runner's prefill, where it has one, skips the LM head: these logits are never read
         getattr(runner, "prefill", runner.forward)(prompt[:-1])
@@ -212,7 +180,8 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
             hidden.append(runner.hidden)
     seq = prompt
     if tree is not None:
-        tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, stops, generator, hidden)
+        tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, stops, generator, hidden,
+                               rules.tree_accept)
         out.draft_calls = proposer.calls
         out.seconds = time.perf_counter() - start
         return out
@@ -230,7 +199,7 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
         q = sampling.probs(runner.forward(torch.cat([seq[-1:], drafted])))
         if hidden is not None:
             hidden.append(runner.hidden)
-        n, next_token = rejection_step(drafted, p, q, generator)
+        n, next_token = rules.rejection_step(drafted, p, q, generator)
         keep = seq.shape[0] + n  # the target has now seen seq and the n accepted drafts
         runner.rollback(keep)
         if hidden is not None:
@@ -264,59 +233,3 @@ class _HiddenStates:
         if len(self.parts) > 1:
             self.parts = [torch.cat(self.parts)]
         return self.parts[0]
-
-
-def _wants_hidden(proposer) -> bool:
-    return proposer is not None and proposer.wants_target_hidden
-
-
-def _target_vocab(target, runner) -> int:
-    return runner.vocab_size if hasattr(runner, "vocab_size") else vocab_size(target)
-
-
-def _check_lookahead(lookahead) -> None:
-    if not isinstance(lookahead, int) or isinstance(lookahead, bool) or not 1 <= lookahead <= MAX_LOOKAHEAD:
-        raise ValueError(f"lookahead (K) must be an integer in 1..{MAX_LOOKAHEAD}, got {lookahead!r}")
-
-
-def _check_max_new_tokens(max_new_tokens) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-
-
-def _check_prompt(input_ids, vocab: int) -> torch.Tensor:
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a LongTensor of shape [n] or [1, n], got {type(input_ids).__name__}")
-    if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.device.type == "meta":
-        raise ValueError("input_ids are on the 'meta' device (no values); give token ids on the CPU or the model's device")
-    if input_ids.dim() == 2:
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"input_ids must have batch size 1 (shape [1, n]), got shape {tuple(input_ids.shape)}")
-        input_ids = input_ids[0]
-    if input_ids.dim() != 1:
-        raise ValueError(f"input_ids must have shape [n] or [1, n], got {tuple(input_ids.shape)}")
-    if input_ids.numel() == 0:
-        raise ValueError("empty prompt: input_ids needs at least one token (e.g. the BOS token)")
-    lo, hi = int(input_ids.min()), int(input_ids.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab}): min {lo}, max {hi}")
-    return input_ids.long()
-
-
-def _check_fits(prompt_len: int, max_new_tokens: int, target, proposer) -> None:
-    for who, window in (("target", context_window(target)), ("draft", getattr(proposer, "context_window", None))):
-        if window is not None and prompt_len + max_new_tokens > window:
-            raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the {who}'s "
-                f"context window of {window} positions"
-            )
-
-
-def _eos_set(eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}

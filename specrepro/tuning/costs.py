@@ -13,33 +13,21 @@ Keys are ints; `from_json` restores them after a JSON round trip.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
 import torch
 
-from .runners import HFRunner
-from ..sampling import SamplingConfig
-
-
-def as_runner(target, keep_hidden: bool = False):
-    """A runner as is (keep_hidden switched on if asked), an HF model wrapped in an HFRunner."""
-    if hasattr(target, "rollback"):
-        target.keep_hidden = target.keep_hidden or keep_hidden
-        return target
-    return HFRunner(target, keep_hidden=keep_hidden)
+from ..algorithm.sampling import SamplingConfig
+from ..drafts.base import as_draft
+from ..engines.runners import as_runner, hidden_kept
 
 
 def _sync(device) -> None:
     """Wait for queued GPU work, so a wall-clock interval covers the pass itself (a no-op on CPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _vocab(runner) -> int:
-    from .runners import vocab_size
-
-    return getattr(runner, "vocab_size", None) or vocab_size(runner.model)
 
 
 @torch.inference_mode()
@@ -50,20 +38,23 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}. extra_sizes: more pass sizes to time
     (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1.
     """
-    from ..drafts.base import as_draft
-
     ks = [int(k) for k in ks if int(k) > 0] or [1]
     sizes = sorted(set(range(1, max(ks) + 2)) | {int(n) for n in extra_sizes if int(n) >= 1})
     prefix = prefix.view(-1)
     if prefix.shape[0] < 2:
         raise ValueError("measure_costs needs a prefix of at least 2 tokens")
+    with contextlib.ExitStack() as kept:
+        return _measure(pairs, prefix, sizes, reps, seed, kept)
+
+
+def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
     g = torch.Generator().manual_seed(seed)
     greedy = SamplingConfig(0.0)
     state = {}
     for name, (target, draft) in pairs.items():
         proposer = as_draft(draft) if draft is not None else None
         wants = bool(proposer is not None and proposer.wants_target_hidden)
-        runner = as_runner(target, keep_hidden=wants)
+        runner = kept.enter_context(hidden_kept(as_runner(target), wants))
         runner.reset()
         runner.forward(prefix[:-1].to(runner.device))
         hidden = runner.hidden if wants else None  # the prompt's target features, for feature drafts
@@ -73,12 +64,11 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
             proposer.propose(prefix, 1, greedy, g, hidden)  # caches the prefix in the draft
         state[name] = dict(runner=runner, proposer=proposer, hidden=hidden, base=runner.length,
                            times={n: [] for n in sizes}, draft=[])
-    vocab = {name: _vocab(s["runner"]) for name, s in state.items()}
     for _ in range(reps):
         for name, s in state.items():
             runner = s["runner"]
             for n in sizes:
-                ids = torch.randint(0, vocab[name], (n,), generator=g).to(runner.device)
+                ids = torch.randint(0, runner.vocab_size, (n,), generator=g).to(runner.device)
                 runner.rollback(s["base"])
                 _sync(runner.device)
                 t = time.perf_counter()

@@ -1,0 +1,44 @@
+"""The drafts table: every draft strategy's acceptance, tau, step cost c and predicted speedup on the same
+prompts, at each K and temperature (notebook 04 and `specrepro-drafts measure`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..drafts.spec import make_draft
+from .sweep import run_lookahead_sweep
+from .workloads import compute_dtype, slug
+
+
+def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
+                   temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=None,
+                   runner=None, trees=()) -> list[dict]:
+    """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup;
+    with `trees` (TreeSpecs or 'WIDTHxDEPTH[/NODES]'), also each token tree's tau and speedup per draft.
+
+    prompts: {task: [{id, prompt_ids}]} (held-out news and HumanEval). Each (draft, temperature) is one
+    resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
+    runner: what generates as the target (e.g. a tuned LeanRunner); default the HF model itself. Drafts are
+    built from the HF model `target`, computing in `dtype` (default: the runner's, see compute_dtype).
+    """
+    if dtype is None:
+        dtype = compute_dtype(runner if runner is not None else target)
+    rows = []
+    path = Path(results_path)
+    for spec in draft_specs:
+        draft = make_draft(spec, target, dtype=dtype)
+        for temp in temperatures:
+            sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}{path.suffix}")
+            out = run_lookahead_sweep(runner if runner is not None else target, draft, prompts, lookaheads, max_new_tokens,
+                                      {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos,
+                                      trees=trees)
+            for r in out["rows"]:
+                if r["K"] > 0:
+                    rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"],
+                                 "tree": r["tree"], "nodes": r["nodes"], "a": r["a"],
+                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"],
+                                 "tau_ci_low": r["tau_ci_low"], "tau_ci_high": r["tau_ci_high"], "c": r["c"],
+                                 "v": r["v"], "speedup": r["speedup"], "speedup_ci_low": r["speedup_ci_low"],
+                                 "speedup_ci_high": r["speedup_ci_high"], "predicted_speedup": r["predicted_speedup"],
+                                 "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"],
+                                 "n_items": r["n_items"]})
+    return rows

@@ -1,0 +1,158 @@
+"""What several test modules share: the tiny models, the chi-square harnesses of the chain and tree
+losslessness tests, the lean runner's chunked feeding, a fixed token tree, and a word tokenizer.
+
+Test modules import it as `helpers` (pytest puts tests/ on the path through tests/conftest.py).
+"""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specrepro as sr
+from specrepro.algorithm.tree import Tree
+from specrepro.drafts import FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
+from specrepro.engines.runners import HFRunner
+from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
+from specrepro.stats.toy import tiny_llama
+
+EOS = 1  # the default eos_token_id of specrepro.stats.toy.tiny_llama
+
+
+# --- tiny models and the lean runner's chunked feeding ---------------------------------------------------
+
+# a prompt fed in chunks, rolling back between some of them: (start, end) of each forward
+CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
+
+
+def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
+        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def run_chunks(runner, ids, chunks=CHUNKS):
+    """(start, end, logits, hidden) of each forward of ids[start:end], fed in `chunks` with rollbacks in between."""
+    runner.reset()
+    rows = []
+    for start, end in chunks:
+        runner.rollback(start)
+        assert runner.length == start
+        logits = runner.forward(ids[start:end])
+        assert runner.length == end
+        rows.append((start, end, logits, getattr(runner, "hidden", None)))
+    return rows
+
+
+# --- the chain losslessness harness (tests/algorithm/test_lossless.py) ------------------------------
+
+L = 3  # tokens of the joint distribution
+PROMPT = torch.tensor([0, 3])
+N_CHAIN = 3000  # samples per chain configuration
+
+
+# every draft strategy, on the same harness: (name, factory(target, draft) -> draft object)
+DRAFTS = [
+    ("lookup", lambda target, draft: LookupDraft(target.config.vocab_size, max_ngram=2)),
+    ("truncated", lambda target, draft: TruncatedDraft(tiny_llama(0, layers=2), n_layers=1)),
+    ("small", lambda target, draft: SmallDraft.from_config(target, {"hidden": 16, "layers": 1, "ffn": 32, "head_dim": 8})),
+    ("feature", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, seed=3)),
+    # a reduced draft vocabulary: p is zero outside tokens {0, 1, 3}, still a proper distribution
+    ("feature-reduced-vocab", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, keep=torch.tensor([0, 1, 3]), seed=4)),
+    ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
+    # adaptive lookahead: the draft stops when unsure of its next token
+    ("adaptive", lambda target, draft: ModelDraft(draft, confidence_threshold=0.6)),
+    # prompt lookup where the context has a match, the feature draft elsewhere
+    ("lookup+feature", lambda target, draft: HybridDraft(FeatureDraft.init_for(target, {"ffn": 32}, seed=6),
+                                                         LookupDraft(target.config.vocab_size, max_ngram=2))),
+]
+
+
+def draw_chain(target, draft, k, sampling, eos, seed, n=N_CHAIN, rules=None):
+    """n chain SpS generations after PROMPT, truncated to L tokens; and how many loops took the bonus token.
+    rules: a deliberately wrong sampler's rules (specrepro.experiments.wrong), or None."""
+    g = torch.Generator().manual_seed(seed)
+    outcomes, bonus_loops = [], 0
+    for _ in range(n):
+        gen = sr.speculative_generate(
+            target, draft, PROMPT, max_new_tokens=max(L, k + 1), lookahead=k,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            eos_token_id=eos, generator=g, _rules=rules,
+        )
+        outcomes.append(truncate_outcome(gen.tokens, L, eos))
+        bonus_loops += sum(a == p > 0 for a, p in zip(gen.accepted, gen.proposed))
+    return outcomes, bonus_loops
+
+
+def fit_chain(target, draft, k, sampling, eos, seed, rules=None):
+    outcomes, bonus_loops = draw_chain(target, draft, k, sampling, eos, seed, rules=rules)
+    expected = exact_joint(target, PROMPT, L, sampling, eos)
+    return chisquare_fit(outcomes, expected), outcomes, bonus_loops
+
+
+# --- the tree losslessness harness and a fixed tree (tests/algorithm/test_tree.py) -------------------------
+
+N_TREE = 2000  # samples per tree configuration
+
+
+def draw_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, rules=None):
+    """n generations; stats count first loops that accepted a full path (the leaf's bonus token) or
+    nothing (the final residual), and generations that accepted any node. rules: a deliberately wrong
+    rule's (specrepro.experiments.wrong), or None."""
+    g = torch.Generator().manual_seed(seed)
+    outcomes, stats = [], {"full_path": 0, "rejected_all": 0, "accepted_any": 0}
+    for _ in range(n):
+        gen = sr.speculative_generate(
+            target, draft, PROMPT, max_new_tokens=max(L, spec.depth + 1), temperature=sampling.temperature,
+            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec, _rules=rules,
+        )
+        outcomes.append(truncate_outcome(gen.tokens, L, eos))
+        stats["full_path"] += gen.accepted[0] == spec.depth
+        stats["rejected_all"] += gen.accepted[0] == 0
+        stats["accepted_any"] += sum(gen.accepted) > 0
+    return outcomes, stats
+
+
+def fit_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, model=None, rules=None):
+    """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
+    outcomes, stats = draw_tree(target, draft, spec, sampling, eos, seed, n, rules)
+    result = chisquare_fit(outcomes, exact_joint(model or target, PROMPT, L, sampling, eos))
+    return result, outcomes, stats
+
+
+def fixed_tree(vocab=5):
+    """A branching tree over a tiny vocabulary (tokens 0..4 used), node order = level order."""
+    tree = Tree(vocab)
+    eye = torch.eye(vocab)
+    for parent, token in [(-1, 2), (-1, 4), (-1, 0), (0, 3), (0, 1), (1, 2), (3, 4), (5, 0)]:
+        tree.add(parent, token, eye[token], 1.0)
+    return tree
+
+
+def check_tree_logits(logits, context, tree, last_logits, tol=1e-4):
+    """A tree pass's logits (row 0 the root, row i + 1 node i) against last_logits(sequence) of the plain
+    sequence: context followed by the node's path."""
+    for node in [-1] + list(range(len(tree))):
+        path = tree.path(node) if node >= 0 else []
+        seq = torch.cat([context, torch.tensor([tree.tokens[i] for i in path], dtype=torch.long)])
+        torch.testing.assert_close(logits[node + 1], last_logits(seq), rtol=tol, atol=tol)
+
+
+def kv(runner):
+    """A runner's cached keys and values (what compaction must leave as a fresh prefill would)."""
+    if isinstance(runner, HFRunner):
+        return [t for layer in runner.cache.layers for t in (layer.keys, layer.values)]
+    return [runner.k_cache[..., : runner.length, :], runner.v_cache[..., : runner.length, :]]
+
+
+# --- tokenizers ---------------------------------------------------------------------------------------
+
+def word_tokenizer(words):
+    """A whitespace word-level tokenizer over `words` (for tokenizer checks without a model)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
