@@ -192,3 +192,58 @@ def test_tune_weighs_trees_against_the_chain_on_the_prompt(home):
                        sr.autoregressive_generate(model, prompt, **kw).tokens)
     with pytest.raises(ValueError, match="needs a draft and a prompt"):
         small_tune(model, draft=draft, trees=trees)
+
+
+class FirstCallsSlow:
+    """A runner whose first `slow_calls` passes take 0.3 s (building, packing) and every later one
+    `ms` milliseconds more than the wrapped runner's own pass."""
+
+    def __init__(self, runner, ms: float, slow_calls: int):
+        self.__dict__.update(_runner=runner, _ms=ms, _left=slow_calls)
+
+    def forward(self, ids):
+        import time
+
+        time.sleep(0.3 if self._left > 0 else self._ms / 1e3)
+        self.__dict__["_left"] -= 1
+        return self._runner.forward(ids)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._runner, name, value)
+
+
+def test_the_screen_times_warm_runners_not_their_first_calls(monkeypatch):
+    """A candidate that is slow only on its first calls (as the native pass is while it packs its weights)
+    must win the screen when it is the faster one warm."""
+    real = tune_mod.build_runner
+    slow_start = {"bfloat16/eager/1t": (1.0, 7), "float32/eager/1t": (8.0, 0)}
+    monkeypatch.setattr(tune_mod, "build_runner",
+                        lambda target, cand: FirstCallsSlow(real(target, cand), *slow_start[cand.name]))
+    cands = [tune_mod.Candidate("float32", "eager", 1), tune_mod.Candidate("bfloat16", "eager", 1)]
+    out = tune_mod.measure_candidates(llama(0), None, cands, max_lookahead=3, reps=3, keep=1)
+    assert list(out["costs"]) == ["bfloat16/eager/1t"], out["screen"]
+    assert out["screen"]["bfloat16/eager/1t"][1] < 0.1e3  # no 0.3 s first call in any median
+    assert set(out["prepare"]["bfloat16/eager/1t"]) >= {"build_seconds", "warmup_seconds"}
+
+
+def test_an_outlier_screen_is_measured_again(monkeypatch):
+    """One disturbed screen (here: the candidate's first timed passes) is repeated before it decides."""
+    real = tune_mod.measure_cost_table
+    calls = []
+
+    def disturbed(pairs, *a, **k):
+        out = real(pairs, *a, **k)
+        calls.append(list(pairs))
+        (name,) = pairs
+        if name == "bfloat16/eager/1t" and len([c for c in calls if c == [name]]) == 1:
+            out[name]["target_ms"] = {n: ms + 1e3 for n, ms in out[name]["target_ms"].items()}
+        return out
+
+    monkeypatch.setattr(tune_mod, "measure_cost_table", disturbed)
+    cands = [tune_mod.Candidate("float32", "eager", 1), tune_mod.Candidate("bfloat16", "eager", 1)]
+    out = tune_mod.measure_candidates(llama(0), None, cands, max_lookahead=2, reps=1, keep=2)
+    first, second = out["prepare"]["bfloat16/eager/1t"]["screens"]
+    assert first > 2e3 > second and out["screen"]["bfloat16/eager/1t"][1] < 1e3
