@@ -169,19 +169,22 @@ class Leaf:
         return None
 
     def kill(self, deadline: float) -> None:
-        """SIGKILL every process in the leaf (cgroup.kill where v2 has it), until none is left or time is up."""
+        """SIGKILL every process in the leaf (cgroup.kill where v2 has it), until none is left or time is up
+        (at least one pass)."""
         kill_file = os.path.join(self.dirs.get("both", ""), "cgroup.kill")
         if self.version == "v2" and os.path.exists(kill_file):
             try:
                 _write(kill_file, "1")
             except OSError:
                 pass
-        while (pids := self.members()) and time.monotonic() < deadline:
+        while pids := self.members():
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            if time.monotonic() >= deadline:
+                return
             time.sleep(0.005)
 
     def remove(self, deadline: float) -> bool:

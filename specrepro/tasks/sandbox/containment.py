@@ -4,6 +4,7 @@ command line is built from them, and what happens below the full level (a warnin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -26,7 +27,8 @@ SECCOMP = os.uname().machine == "x86_64"  # the filter's syscall numbers are x86
 MODE_VARIABLE = "SPECREPRO_SANDBOX"  # "strict": refuse to run untrusted code with any protection missing
 # The host paths a private root shows (read-only), those that exist; the interpreter's own are added.
 SYSTEM_VIEW = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache")
-HIDDEN = ("/usr/local",)  # shown empty (locally installed software), except the interpreter's own directories
+HIDDEN = ("/usr/local",)  # shown empty (locally installed software), except the interpreter's own directories;
+# so is every site-packages directory of the interpreter (see site_paths)
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock")  # each replaced by a fresh tmpfs (make_private)
 PROTECTIONS = {  # what each layer holds, as a warning names it when it is missing
     "namespaces": "user/net/pid/ipc namespaces (the network, the host's System V IPC and every host "
@@ -57,6 +59,7 @@ class SandboxInfo:
     visible: tuple[str, ...] = ()  # with private_dirs: all the program sees of the host, read-only
     cgroup: str | None = None  # "v2" or "v1": the cgroup version that caps each run's memory and processes
     seccomp: bool = False  # the launcher's syscall filter (x86_64), at every level
+    hidden: tuple[str, ...] = HIDDEN  # with private_dirs: shown as empty directories
 
     @property
     def containment(self) -> str:
@@ -75,7 +78,7 @@ class SandboxInfo:
             layers.append("NO namespaces: network, System V IPC and every host process visible")
         if self.private_dirs:
             layers.append(f"uid {INSIDE_UID} inside; private root showing only {', '.join(self.visible)} "
-                          f"(read-only, {', '.join(HIDDEN)} empty), a fresh /tmp, /dev/shm and /proc")
+                          f"(read-only; {', '.join(self.hidden)} empty), a fresh /tmp, /dev/shm and /proc")
         else:
             layers.append("shared filesystem (no mount namespace)")
         layers.append("seccomp filter (AF_UNIX sockets only; no memfd, System V shm or POSIX mq)" if self.seccomp
@@ -140,6 +143,18 @@ def _interpreter_paths(interpreter: str, uid: int | None) -> list[str]:
     return [os.path.realpath(line) for line in done.stdout.split() if os.path.isdir(line)]
 
 
+def site_paths(interpreter: str, uid: int | None) -> tuple[str, ...]:
+    """HIDDEN and the interpreter's site-packages directories (non-standard packages), those that exist."""
+    try:
+        done = subprocess.run([interpreter, "-I", "-c", "import site; print(*site.getsitepackages(), sep='\\n')"],
+                              env={"PATH": SAFE_PATH}, cwd="/", timeout=20, capture_output=True, text=True,
+                              preexec_fn=(lambda: process.drop_to(uid)) if uid is not None else None)
+    except (OSError, subprocess.SubprocessError):
+        return HIDDEN
+    found = [os.path.realpath(line) for line in done.stdout.splitlines() if os.path.isdir(line)]
+    return (*HIDDEN, *dict.fromkeys(p for p in found if not any(within(p, h) for h in HIDDEN)))
+
+
 def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -172,8 +187,9 @@ def command(info: SandboxInfo, spec: dict) -> list[str]:
     return [info.unshare, *UNSHARE_FLAGS, *(PRIVATE_FLAGS if info.private_dirs else ()), *python]
 
 
-def private_spec(scratch: str, visible, tmp_bytes: int, hide_proc: bool) -> dict:
-    return {"scratch": "/tmp/" + os.path.basename(scratch), "visible": list(visible), "hidden": list(HIDDEN),
+def private_spec(scratch: str, info: SandboxInfo, tmp_bytes: int, hide_proc: bool) -> dict:
+    return {"scratch": "/tmp/" + os.path.basename(scratch), "visible": list(info.visible),
+            "hidden": list(info.hidden),
             "tmp_bytes": tmp_bytes, "hide_proc": hide_proc}
 
 
@@ -187,7 +203,7 @@ def _probe_launch(info: SandboxInfo, uid: int | None, seccomp: bool) -> bool:
     parent, scratch = cleanup.make_scratch(uid)
     try:
         program = cleanup.write_file(scratch, "program.py", "import os\nopen('probe', 'w').write('x')\n", uid)
-        private = private_spec(scratch, info.visible, 1 << 20, hide_proc=True) if info.private_dirs else None
+        private = private_spec(scratch, info, 1 << 20, hide_proc=True) if info.private_dirs else None
         spec = launch_spec("program", {"program": program}, seccomp, private)
         limits = process.rlimits(10, 512, 1 << 20, 8, uid is not None)
         try:
@@ -227,12 +243,12 @@ def sandbox_info() -> SandboxInfo:
         interpreter = os.path.realpath(interpreter)
         visible = visible_paths(interpreter, uid)
         if not any(within(v, p) for v in visible for p in PRIVATE_DIRS):
-            private = SandboxInfo(interpreter, uid_drop, True, unshare, True, visible, info.cgroup)
+            private = SandboxInfo(interpreter, uid_drop, True, unshare, True, visible, info.cgroup,
+                                  hidden=site_paths(interpreter, uid))
             if _probe_launch(private, uid, seccomp=False):
                 info = private
     seccomp = SECCOMP and _probe_launch(info, uid, seccomp=True)
-    return SandboxInfo(info.interpreter, info.uid_drop, info.namespaces, info.unshare, info.private_dirs,
-                       info.visible, info.cgroup, seccomp)
+    return dataclasses.replace(info, seccomp=seccomp)
 
 
 def mode() -> str:

@@ -159,15 +159,15 @@ def _is_zombie(pid: int) -> bool:
 
 
 def kill_uid(uid: int, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        pids = [pid for pid in proc_pids() if owner(pid) == uid and not _is_zombie(pid)]
-        if not pids:
-            return
+    """SIGKILL every live process of ``uid`` until none is left or ``deadline`` passes (at least one pass)."""
+    while pids := [pid for pid in proc_pids() if owner(pid) == uid and not _is_zombie(pid)]:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if time.monotonic() >= deadline:
+            return
         time.sleep(0.01)
 
 

@@ -55,7 +55,7 @@ def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory
         files = {name: cleanup.write_file(scratch, f"{name}.py", text, uid) for name, text in sources.items()}
         private, home = None, scratch
         if info.private_dirs:
-            private = containment.private_spec(scratch, info.visible, max(4 * max_file_bytes, 1 << 20),
+            private = containment.private_spec(scratch, info, max(4 * max_file_bytes, 1 << 20),
                                                hide_proc=tests is not None)
             home = private["scratch"]
         spec = containment.launch_spec("program" if tests is None else "serve", files, info.seccomp, private)
