@@ -9,6 +9,7 @@ import os
 import random
 import socket
 import time
+import warnings
 
 import pytest
 
@@ -39,16 +40,13 @@ def level(request, monkeypatch):
 
 
 def _run(code: str, **limits):
-    with pytest.warns() if containment.sandbox_info().lacking else _no_warning():
+    """run_untrusted at the level in force, which warns exactly when it lacks a protection."""
+    if containment.sandbox_info().lacking:
+        with pytest.warns(SandboxWarning):
+            return run_untrusted(code, **limits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SandboxWarning)
         return run_untrusted(code, **limits)
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ---- memory beyond memory_mb ------------------------------------------------------------------------
@@ -357,3 +355,66 @@ def test_no_new_privs_at_every_level(level):
     result = _run("print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('NoNewPrivs', "
                   "'Seccomp:', 'CapEff'))])\n")
     assert result.stdout.strip() == repr(["0000000000000000", "1", "2" if level.seccomp else "0"]), result
+
+
+# ---- the cgroup leaf on either cgroup version ------------------------------------------------------
+
+MOUNTINFO = """25 1 0:23 / /sys/fs/cgroup rw,nosuid shared:4 - tmpfs tmpfs rw,mode=755
+30 25 0:27 / /sys/fs/cgroup/memory rw,relatime shared:8 - cgroup cgroup rw,memory
+31 25 0:28 / /sys/fs/cgroup/pids rw,relatime shared:9 - cgroup cgroup rw,pids
+33 25 0:30 / /sys/fs/cgroup/unified rw,relatime shared:11 - cgroup2 cgroup2 rw,nsdelegate
+"""
+
+
+def test_the_hierarchies_and_this_process_s_place_in_them_are_read():
+    assert cgroup.mounts(MOUNTINFO) == {"memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids",
+                                        "v2": "/sys/fs/cgroup/unified"}
+    assert cgroup.own_paths("8:pids:/\n4:memory:/jobs/a\n1:cpu,cpuacct:/\n0::/user.slice\n") == {
+        "pids": "/", "memory": "/jobs/a", "v2": "/user.slice"}
+
+
+INTERFACE = {  # the files the kernel puts in a new cgroup of each hierarchy (those the leaf uses)
+    "unified": ("cgroup.procs", "memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "memory.peak"),
+    "memory": ("cgroup.procs", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max_usage_in_bytes"),
+    "pids": ("cgroup.procs", "pids.max"),
+}
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_a_leaf_writes_its_limits_where_each_version_wants_them(tmp_path, monkeypatch, version):
+    """A stand-in for the kernel's files (this machine has one version at most): what goes where."""
+    bases = {"both": tmp_path / "unified"} if version == "v2" else {"memory": tmp_path / "memory",
+                                                                      "pids": tmp_path / "pids"}
+    for base in bases.values():
+        base.mkdir()
+    monkeypatch.setattr(cgroup, "parents", lambda: (version, {k: str(v) for k, v in bases.items()}))
+    real_mkdir = os.mkdir
+
+    def mkdir(path, mode=0o777):
+        real_mkdir(path, mode)
+        for name in INTERFACE[os.path.basename(os.path.dirname(path))]:
+            with open(os.path.join(path, name), "w") as handle:
+                handle.write("4096" if "peak" in name or "usage" in name else "")
+
+    monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+    leaf = cgroup.Leaf.make(100, 10)
+    written = {os.path.relpath(os.path.join(d, n), tmp_path): open(os.path.join(d, n)).read()
+               for d in leaf.dirs.values() for n in os.listdir(d)}
+    cap = str((100 + cgroup.MARGIN_MB) << 20)
+    if version == "v2":
+        assert {k.split("/", 2)[2]: v for k, v in written.items()} == {
+            "cgroup.procs": "", "memory.max": cap, "memory.swap.max": "0", "memory.oom.group": "1",
+            "pids.max": "10", "memory.peak": "4096"}
+    else:
+        assert {k.split("/", 2)[0] + "/" + k.split("/", 2)[2]: v for k, v in written.items()} == {
+            "memory/cgroup.procs": "", "memory/memory.limit_in_bytes": cap,
+            "memory/memory.memsw.limit_in_bytes": cap, "memory/memory.max_usage_in_bytes": "4096",
+            "pids/cgroup.procs": "", "pids/pids.max": "10"}
+    assert leaf.held == f"cgroup {version}: 132 MiB of memory, no swap, 10 processes"
+    assert leaf.peak() == 4096
+
+
+def test_no_hierarchy_no_leaf(monkeypatch):
+    monkeypatch.setattr(cgroup, "parents", lambda: None)
+    with pytest.raises(OSError, match="no cgroup hierarchy"):
+        cgroup.Leaf.make(100, 10)

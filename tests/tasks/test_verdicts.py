@@ -224,7 +224,7 @@ def test_files_left_in_tmp_and_shm_vanish(runner, has_close_elements):
     token = f"specrepro-leftover-{random.randrange(10**9)}"
     paths = [f"/tmp/{token}", f"/dev/shm/{token}"]
     write = "".join(f"open({p!r}, 'w').write('x')\nassert os.path.exists({p!r})\n" for p in paths)
-    write += f"assert not os.path.exists('/var/tmp')\n"  # not in the private root at all
+    write += "assert not os.path.exists('/var/tmp')\n"  # not in the private root at all
     paths.append(f"/var/tmp/{token}")
     if runner == "program":
         result = run_untrusted("import os\n" + write + "print('wrote')\n")

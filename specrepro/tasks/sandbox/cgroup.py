@@ -20,40 +20,35 @@ from dataclasses import dataclass
 MARGIN_MB = 32  # over memory_mb, for the launcher's own pages and kernel objects
 
 
-def _mounts() -> dict[str, str]:
-    """Mount points: "v2" for the cgroup2 hierarchy, and each v1 controller ("memory", "pids") by name."""
+def mounts(mountinfo: str) -> dict[str, str]:
+    """Mount points in /proc/self/mountinfo's text: "v2" for the cgroup2 hierarchy, and each v1 controller
+    ("memory", "pids") by name."""
     found: dict[str, str] = {}
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            for line in handle:
-                fields = line.split()
-                dash = fields.index("-")
-                point, fstype, options = fields[4], fields[dash + 1], fields[dash + 3].split(",")
-                if fstype == "cgroup2":
-                    found.setdefault("v2", point)
-                elif fstype == "cgroup":
-                    for controller in ("memory", "pids"):
-                        if controller in options:
-                            found.setdefault(controller, point)
-    except (OSError, ValueError, IndexError):
-        pass
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields or len(fields) < fields.index("-") + 4:
+            continue
+        dash = fields.index("-")
+        point, fstype, options = fields[4], fields[dash + 1], fields[dash + 3].split(",")
+        if fstype == "cgroup2":
+            found.setdefault("v2", point)
+        elif fstype == "cgroup":
+            for controller in ("memory", "pids"):
+                if controller in options:
+                    found.setdefault(controller, point)
     return found
 
 
-def _own_paths() -> dict[str, str]:
-    """This process's cgroup in each hierarchy: "v2" and the v1 controllers by name."""
+def own_paths(cgroups: str) -> dict[str, str]:
+    """This process's cgroup in each hierarchy, from /proc/self/cgroup's text: "v2" and the v1 controllers."""
     paths: dict[str, str] = {}
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as handle:
-            for line in handle:
-                number, controllers, path = line.rstrip("\n").split(":", 2)
-                if number == "0" and controllers == "":
-                    paths["v2"] = path
-                for controller in controllers.split(","):
-                    if controller in ("memory", "pids"):
-                        paths[controller] = path
-    except (OSError, ValueError):
-        pass
+    for line in cgroups.splitlines():
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and controllers == "":
+            paths["v2"] = path
+        for controller in controllers.split(","):
+            if controller in ("memory", "pids"):
+                paths[controller] = path
     return paths
 
 
@@ -73,9 +68,12 @@ def _read(path: str) -> str:
 @functools.lru_cache(maxsize=1)
 def parents() -> tuple[str, dict[str, str]] | None:
     """("v2", {"both": dir}) or ("v1", {"memory": dir, "pids": dir}): where leaves can be made, or None."""
-    mounts, own = _mounts(), _own_paths()
-    if "v2" in mounts and "v2" in own:
-        base = os.path.join(mounts["v2"], own["v2"].lstrip("/"))
+    try:
+        found, own = mounts(_read("/proc/self/mountinfo")), own_paths(_read("/proc/self/cgroup"))
+    except OSError:
+        return None
+    if "v2" in found and "v2" in own:
+        base = os.path.join(found["v2"], own["v2"].lstrip("/"))
         try:
             if {"memory", "pids"} <= set(_read(os.path.join(base, "cgroup.controllers")).split()):
                 enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
@@ -84,8 +82,8 @@ def parents() -> tuple[str, dict[str, str]] | None:
                 return "v2", {"both": base}
         except OSError:
             pass
-    if "memory" in mounts and "memory" in own:
-        dirs = {c: os.path.join(mounts[c], own[c].lstrip("/")) for c in ("memory", "pids") if c in mounts}
+    if "memory" in found and "memory" in own:
+        dirs = {c: os.path.join(found[c], own[c].lstrip("/")) for c in ("memory", "pids") if c in found and c in own}
         return "v1", dirs
     return None
 

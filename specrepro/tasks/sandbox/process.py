@@ -11,7 +11,7 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from specrepro.tasks.sandbox.cgroup import Leaf
 
