@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-import signal
 import time
 from dataclasses import dataclass
 
@@ -166,24 +165,15 @@ class Leaf:
                 continue
         return None
 
-    def kill(self, deadline: float) -> None:
-        """SIGKILL every process in the leaf (cgroup.kill where v2 has it), until none is left or time is up
-        (at least one pass)."""
+    def kill_all(self) -> None:
+        """cgroup v2's ``cgroup.kill``: SIGKILL to every process in the leaf at once (where the kernel has it;
+        ``process.kill_everything`` then kills what ``members`` still lists, as it does on v1)."""
         kill_file = os.path.join(self.dirs.get("both", ""), "cgroup.kill")
         if self.version == "v2" and os.path.exists(kill_file):
             try:
                 _write(kill_file, "1")
             except OSError:
                 pass
-        while pids := self.members():
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.005)
 
     def remove(self, deadline: float) -> bool:
         """rmdir the leaf (it empties once its killed processes are reaped); False if time ran out first."""

@@ -11,7 +11,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from specrepro.tasks.sandbox.cgroup import Leaf
 
@@ -158,17 +158,22 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def kill_uid(uid: int, deadline: float) -> None:
-    """SIGKILL every live process of ``uid`` until none is left or ``deadline`` passes (at least one pass)."""
-    while pids := [pid for pid in proc_pids() if owner(pid) == uid and not _is_zombie(pid)]:
+def kill_until_gone(find: Callable[[], Iterable[int]], deadline: float) -> None:
+    """SIGKILL every process ``find`` lists, again and again, until it lists none or ``deadline`` passes (at
+    least one pass)."""
+    while pids := list(find()):
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         if time.monotonic() >= deadline:
             return
-        time.sleep(0.01)
+        time.sleep(0.005)
+
+
+def live_processes_of(uid: int) -> list[int]:
+    return [pid for pid in proc_pids() if owner(pid) == uid and not _is_zombie(pid)]
 
 
 def kill_everything(proc: subprocess.Popen, uid: int | None, leaf: Leaf | None, deadline: float) -> None:
@@ -180,9 +185,10 @@ def kill_everything(proc: subprocess.Popen, uid: int | None, leaf: Leaf | None, 
         pass
     proc.wait()
     if leaf is not None:
-        leaf.kill(deadline)
+        leaf.kill_all()
+        kill_until_gone(leaf.members, deadline)
     if uid is not None:
-        kill_uid(uid, deadline)
+        kill_until_gone(lambda: live_processes_of(uid), deadline)
         remove_ipc(uid)
 
 

@@ -39,6 +39,17 @@ def _make_leaf(info: containment.SandboxInfo, memory_mb: int, max_processes: int
         return None
 
 
+def _clean_up(parent: str, leaf: Leaf | None) -> bool:
+    """Remove the run's cgroup and files by one deadline; False (what is left stays in place) if they could not
+    all be removed in time."""
+    deadline = time.monotonic() + cleanup.DEADLINE_SECONDS
+    try:
+        files = cleanup.remove_tree(parent, deadline)
+    except OSError:
+        files = False
+    return (leaf is None or leaf.remove(deadline)) and files
+
+
 def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory_mb: int,
              max_output_bytes: int, max_file_bytes: int, max_processes: int) -> SandboxResult:
     """Run the harness on ``sources``; with ``tests`` the judge's check() gives the verdict."""
@@ -112,8 +123,7 @@ def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory
         isolation = {"level": info.level, "seccomp": info.seccomp, "cgroup": leaf.held if leaf else None,
                      "memory_peak": leaf.peak() if leaf else None}
     finally:
-        deadline = time.monotonic() + cleanup.DEADLINE_SECONDS
-        cleaned = (leaf is None or leaf.remove(deadline)) & cleanup.remove_tree(parent, deadline)
+        cleaned = _clean_up(parent, leaf)
         if not cleaned:
             warnings.warn(f"the sandbox's clean-up ran out of time: {parent} (or its cgroup) was left in place",
                           SandboxWarning, stacklevel=3)

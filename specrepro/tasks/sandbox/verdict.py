@@ -10,7 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from specrepro.tasks.sandbox import inside, process
+from specrepro.tasks.sandbox import containment, inside, process
 
 FRAME_BYTES = 16 * 1024 * 1024  # largest encoded call or answer between judge and sandbox
 
@@ -57,7 +57,7 @@ def start_judge(tests: dict, timeout: float, memory_mb: int, fds: tuple[int, int
     # -S: no site module, so no .pth file in a site-packages directory runs code in the judge
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", inside.JUDGE], cwd=cwd, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, pass_fds=fds, close_fds=True,
+                            env={"PATH": containment.SAFE_PATH, "LANG": "C.UTF-8"}, pass_fds=fds, close_fds=True,
                             preexec_fn=process.preexec(limits, None))
     spec = dict(tests, to_sandbox=fds[0], from_sandbox=fds[1], frame_bytes=FRAME_BYTES, verdict=verdict)
     try:
