@@ -168,6 +168,8 @@ def test_a_uid_that_owns_processes_is_never_drawn(monkeypatch):
     monkeypatch.setattr(process.secrets, "randbelow", lambda n: next(draws))
     monkeypatch.setattr(process, "uid_in_use", lambda uid: uid == process.UID_RANGE[0] + busy)
     assert process.fresh_uid() == process.UID_RANGE[0] + 7
+    monkeypatch.undo()
+    assert process.uid_in_use(os.getuid()) and not process.uid_in_use(process.fresh_uid())  # for real
 
 
 def test_draws_do_not_follow_the_global_random():
@@ -278,6 +280,29 @@ def test_no_exec_once_the_interpreter_runs(level, route):
     # control: processes still start (fork without exec), and exit as they please
     control = _run("import os\npid = os.fork()\nif pid == 0:\n    os._exit(3)\nprint(os.waitpid(pid, 0)[1] >> 8)\n")
     assert control.stdout == "3\n", control
+
+
+EXEC_FD_FORGER = """
+import os, resource, sys
+fd = os.open(sys.executable, os.O_RDONLY)
+for attempt in (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, ({exec_fd} + 1, {exec_fd} + 1)),
+                lambda: os.dup2(fd, {exec_fd}),
+                lambda: os.execve({exec_fd}, ['python3'], {{}})):
+    try:
+        attempt()
+        print('done')
+    except (OSError, ValueError) as error:
+        print(type(error).__name__)
+print(os.dup2(fd, 10))
+"""
+
+
+def test_the_launcher_s_exec_descriptor_cannot_be_made_again(level):
+    """The filter lets execveat use one descriptor number, which lies above RLIMIT_NOFILE once the harness runs:
+    no raising the limit (no capabilities), no dup2 up there, so no exec through it."""
+    _need("seccomp")
+    result = _run(EXEC_FD_FORGER.format(exec_fd=process.EXEC_FD))
+    assert result.stdout.split() == ["ValueError", "OSError", "OSError", "10"], result  # control: dup2 below
 
 
 def test_exec_of_a_fresh_interpreter_does_not_escape_the_judge():
