@@ -50,6 +50,74 @@ def _clean_up(parent: str, leaf: Leaf | None) -> bool:
     return (leaf is None or leaf.remove(deadline)) and files
 
 
+def _launch_spec(info: containment.SandboxInfo, sources: dict[str, str], mode: str, scratch: str,
+                 uid: int | None, max_file_bytes: int) -> tuple[dict, dict]:
+    """The launcher's spec (the program's files written into ``scratch``) and the program's environment."""
+    files = {name: cleanup.write_file(scratch, f"{name}.py", text, uid) for name, text in sources.items()}
+    private, home = None, scratch
+    if info.private_dirs:
+        private = containment.private_spec(scratch, info, max(4 * max_file_bytes, 1 << 20),
+                                           hide_proc=mode == "serve")
+        home = private["scratch"]
+    env = {"PATH": containment.SAFE_PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+    return containment.launch_spec(mode, files, info.seccomp, private), env
+
+
+def _start(info: containment.SandboxInfo, spec: dict, env: dict, tests: dict | None, cwd: str, judge_dir: str,
+           limits: dict, uid: int | None, leaf: Leaf | None, timeout: float,
+           memory_mb: int) -> tuple[subprocess.Popen, subprocess.Popen | None, str]:
+    """Start the sandbox and, with ``tests``, the judge, joined by two pipes: (sandbox, judge, judge's nonce)."""
+    own_fds: tuple[int, ...] = ()
+    sandbox_fds: tuple[int, ...] = ()
+    if tests is not None:
+        requests_read, requests_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        sandbox_fds, own_fds = (requests_read, answers_write), (requests_write, answers_read)
+        spec = dict(spec, entry_point=tests["entry_point"], requests_fd=requests_read, answers_fd=answers_write,
+                    frame_bytes=verdict.FRAME_BYTES)
+    try:
+        proc = subprocess.Popen(containment.command(info, spec), cwd=cwd, env=env, pass_fds=sandbox_fds,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=process.preexec(limits, uid, leaf),
+                                close_fds=True)
+        if tests is None:
+            return proc, None, ""
+        judge, nonce = verdict.start_judge(tests, timeout, memory_mb, own_fds, judge_dir)
+        return proc, judge, nonce
+    finally:
+        for fd in sandbox_fds + own_fds:
+            os.close(fd)
+
+
+def _finish(proc: subprocess.Popen, judge: subprocess.Popen | None, nonce: str, uid: int | None,
+            leaf: Leaf | None, timeout: float, max_output_bytes: int) -> tuple[str, str, str]:
+    """Wait (reading output) until the judge, or the program, ends or time runs out; kill everything; the
+    status, stdout and stderr (the judge's appended)."""
+    streams = [proc.stdout, proc.stderr] + ([judge.stdout, judge.stderr] if judge else [])
+    reader = process.CappedReader([stream.fileno() for stream in streams], max_output_bytes)
+    killed = False
+    try:
+        timed_out = process.wait(judge or proc, reader, timeout)
+        if judge is not None and process.exited(proc.pid):
+            killed = process.killed_by_signal(proc.pid)
+    finally:
+        deadline = time.monotonic() + cleanup.DEADLINE_SECONDS
+        process.kill_everything(proc, uid, leaf, deadline)
+        if judge is not None:
+            process.kill_everything(judge, None, None, deadline)
+    drain_until = time.monotonic() + 1.0
+    while time.monotonic() < drain_until and reader.poll(0.05):
+        pass
+    for stream in streams:
+        stream.close()
+    passed, stderr = None, reader.text(1)
+    if judge is not None:
+        passed = verdict.judged(judge, reader.raw(2), nonce)
+        if judge_err := reader.text(3):
+            stderr += "\n[judge]\n" + judge_err
+    return verdict.status(timed_out, proc.returncode, passed, killed), reader.text(0), stderr
+
+
 def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory_mb: int,
              max_output_bytes: int, max_file_bytes: int, max_processes: int) -> SandboxResult:
     """Run the harness on ``sources``; with ``tests`` the judge's check() gives the verdict."""
@@ -63,63 +131,12 @@ def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory
     try:
         judge_dir = os.path.join(parent, "judge")
         os.mkdir(judge_dir, 0o700)
-        files = {name: cleanup.write_file(scratch, f"{name}.py", text, uid) for name, text in sources.items()}
-        private, home = None, scratch
-        if info.private_dirs:
-            private = containment.private_spec(scratch, info, max(4 * max_file_bytes, 1 << 20),
-                                               hide_proc=tests is not None)
-            home = private["scratch"]
-        spec = containment.launch_spec("program" if tests is None else "serve", files, info.seccomp, private)
-        sandbox_fds: tuple[int, ...] = ()
-        judge = None
-        if tests is not None:
-            requests_read, requests_write = os.pipe()
-            answers_read, answers_write = os.pipe()
-            sandbox_fds = (requests_read, answers_write)
-            spec.update(entry_point=tests["entry_point"], requests_fd=requests_read, answers_fd=answers_write,
-                        frame_bytes=verdict.FRAME_BYTES)
-        env = {"PATH": containment.SAFE_PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+        mode = "program" if tests is None else "serve"
+        spec, env = _launch_spec(info, sources, mode, scratch, uid, max_file_bytes)
         leaf = _make_leaf(info, memory_mb, max_processes)
-        try:
-            proc = subprocess.Popen(containment.command(info, spec), cwd=scratch, env=env, pass_fds=sandbox_fds,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True,
-                                    preexec_fn=process.preexec(limits, uid, leaf), close_fds=True)
-            if tests is not None:
-                judge, nonce = verdict.start_judge(tests, timeout, memory_mb, (requests_write, answers_read),
-                                                   judge_dir)
-        finally:
-            for fd in sandbox_fds:
-                os.close(fd)
-            if tests is not None:
-                os.close(requests_write)
-                os.close(answers_read)
-        fds = [proc.stdout.fileno(), proc.stderr.fileno()]
-        if judge is not None:
-            fds += [judge.stdout.fileno(), judge.stderr.fileno()]
-        reader = process.CappedReader(fds, max_output_bytes)
-        killed = False
-        try:
-            timed_out = process.wait(judge or proc, reader, timeout)
-            if judge is not None and process.exited(proc.pid):
-                killed = process.killed_by_signal(proc.pid)
-        finally:
-            deadline = time.monotonic() + cleanup.DEADLINE_SECONDS
-            process.kill_everything(proc, uid, leaf, deadline)
-            if judge is not None:
-                process.kill_everything(judge, None, None, deadline)
-        drain_until = time.monotonic() + 1.0
-        while time.monotonic() < drain_until and reader.poll(0.05):
-            pass
-        for stream in (proc.stdout, proc.stderr) + ((judge.stdout, judge.stderr) if judge else ()):
-            stream.close()
-        passed = None
-        stderr = reader.text(1)
-        if judge is not None:
-            passed = verdict.judged(judge, reader.raw(2), nonce)
-            judge_err = reader.text(3)
-            if judge_err:
-                stderr += "\n[judge]\n" + judge_err
+        proc, judge, nonce = _start(info, spec, env, tests, scratch, judge_dir, limits, uid, leaf, timeout,
+                                    memory_mb)
+        status, stdout, stderr = _finish(proc, judge, nonce, uid, leaf, timeout, max_output_bytes)
         isolation = {"level": info.level, "seccomp": info.seccomp, "cgroup": leaf.held if leaf else None,
                      "memory_peak": leaf.peak() if leaf else None}
     finally:
@@ -128,8 +145,7 @@ def _execute(sources: dict[str, str], tests: dict | None, timeout: float, memory
             warnings.warn(f"the sandbox's clean-up ran out of time: {parent} (or its cgroup) was left in place",
                           SandboxWarning, stacklevel=3)
     isolation["cleaned"] = cleaned
-    return SandboxResult(verdict.status(timed_out, proc.returncode, passed, killed), proc.returncode,
-                         reader.text(0), stderr, time.monotonic() - start, isolation)
+    return SandboxResult(status, proc.returncode, stdout, stderr, time.monotonic() - start, isolation)
 
 
 def run_untrusted(code: str, timeout: float = 5.0, memory_mb: int = 512,
