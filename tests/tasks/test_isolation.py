@@ -83,6 +83,15 @@ def test_a_non_root_uid_and_its_own_hostname_inside():
 
 # ---- the fallback without namespaces ------------------------------------------------------------------
 
+@pytest.fixture
+def fallback(monkeypatch):
+    """This machine's sandbox with no namespaces (and so no private root): the fallback level, forced."""
+    reduced = dataclasses.replace(sandbox_info(), namespaces=False, unshare=None, private_dirs=False, visible=())
+    monkeypatch.setattr(containment, "sandbox_info", lambda: reduced)
+    monkeypatch.delenv(containment.MODE_VARIABLE, raising=False)
+    return reduced
+
+
 def test_the_fallback_warns_and_says_what_it_lacks(fallback):
     assert fallback.level == "fallback" and "network" in fallback.containment
     assert "NO namespaces" in fallback.containment

@@ -12,6 +12,7 @@ import time
 import warnings
 
 import pytest
+from test_isolation import fallback  # noqa: F401  (a fixture)
 
 from specrepro.tasks.humaneval import HumanEvalProblem, check_completion
 from specrepro.tasks.sandbox import SandboxWarning, cgroup, cleanup, containment, process, run_untrusted, sandbox_info
