@@ -1,4 +1,4 @@
-"""Issue 25: the routes that once turned a wrong HumanEval answer into ``passed``, each as a test that must fail.
+"""The routes that once turned a wrong HumanEval answer into ``passed``, each as a test that must fail.
 
 The verdict now comes from a judge process that runs the test's ``check`` and calls the candidate in the
 sandbox through a pipe carrying builtin data only: there is no token, no test and no test module in the
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from specrepro.tasks import sandbox
+from specrepro.tasks.sandbox import inside, process
 from specrepro.tasks.humaneval import check_completion, load_humaneval, program_for
 from specrepro.tasks.sandbox import run_untrusted
 
@@ -29,8 +29,8 @@ def problems():
 @pytest.fixture
 def without_audit_hook(monkeypatch):
     """The harness with no audit hook at all: an adversary in full control of the sandboxed interpreter."""
-    assert NO_HOOK in sandbox.HARNESS
-    monkeypatch.setattr(sandbox, "HARNESS", sandbox.HARNESS.replace(NO_HOOK, "    pass\n"))
+    assert NO_HOOK in inside.HARNESS
+    monkeypatch.setattr(inside, "HARNESS", inside.HARNESS.replace(NO_HOOK, "    pass\n"))
 
 
 # ---- route 1: bytecode that did not come from compiling source ------------------------------------------
@@ -173,14 +173,12 @@ def _judge_mem_owner(source: str) -> tuple[int, int]:
     /proc/<pid>/mem. As root, it runs as a fresh uid, so that the two differ exactly when it is non-dumpable."""
     import subprocess
 
-    from specrepro.tasks import sandbox
-
-    uid = sandbox._fresh_uid() if os.geteuid() == 0 else os.getuid()
+    uid = process.fresh_uid() if os.geteuid() == 0 else os.getuid()
     ready = source.replace("spec = json.loads(sys.stdin.read())",
                            "print('ready', flush=True); sys.stdin.read(); return")
     judge = subprocess.Popen(["/usr/bin/env", "python3", "-I", "-c", ready], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd="/",
-                             preexec_fn=(lambda: sandbox._drop_to(uid)) if os.geteuid() == 0 else None)
+                             preexec_fn=(lambda: process.drop_to(uid)) if os.geteuid() == 0 else None)
     try:
         assert judge.stdout.readline() == "ready\n"
         return uid, os.stat(f"/proc/{judge.pid}/mem").st_uid
@@ -193,8 +191,7 @@ def test_the_judge_cannot_be_read_or_traced():
     """The judge makes itself non-dumpable, so a program that shares its uid (the fallback without namespaces
     or a uid of its own) can neither ptrace it nor open /proc/<judge>/mem: the kernel then shows those files
     as root's and lets only CAP_SYS_PTRACE past."""
-    from specrepro.tasks.sandbox import JUDGE
-
+    JUDGE = inside.JUDGE
     assert "    undumpable()\n" in JUDGE
     uid, owner = _judge_mem_owner(JUDGE)
     assert uid != 0 and owner == 0

@@ -1,4 +1,4 @@
-"""Issue 25: what the sandboxed program can see and keep -- System V IPC, the filesystem view, its uid and
+"""What the sandboxed program can see and keep -- System V IPC, the filesystem view, its uid and
 hostname -- and the fallback without namespaces: loud, refusable, and recorded with pass@k."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import warnings
 import pytest
 
 from specrepro.experiments.table1 import _pass_rates
-from specrepro.tasks import sandbox
 from specrepro.tasks.humaneval import check_completion, load_humaneval
-from specrepro.tasks.sandbox import SandboxWarning, run_untrusted, sandbox_info
+from specrepro.tasks.sandbox import SandboxWarning, containment, process, run_untrusted, sandbox_info
 
 IPC_CREAT, IPC_RMID = 0o1000, 0
 
@@ -30,15 +29,11 @@ def _libc():
     return libc
 
 
-SHM_PROGRAM = """
+IPC_PROGRAM = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
-libc.shmat.restype = ctypes.c_void_p
-print(libc.shmget({host_key}, 0, 0), ctypes.get_errno())          # the host's segment, by its key
-mine = libc.shmget({own_key}, {size}, 0o1600)                      # a segment of its own, 256 MB
-address = libc.shmat(mine, None, 0)
-ctypes.memset(address, 1, {size})                                  # touched: really in RAM
-print(mine >= 0, libc.msgget({own_key}, 0o1600) >= 0, flush=True)  # and a message queue
+print(libc.msgget({host_key}, 0), ctypes.get_errno())                        # the host's queue, by its key
+print(libc.msgget({own_key}, 0o1600) >= 0, libc.semget({own_key}, 1, 0o1600) >= 0, flush=True)  # its own
 """
 
 
@@ -46,18 +41,17 @@ def test_system_v_ipc_is_private_and_gone_with_the_program():
     _need("namespaces")
     libc = _libc()
     host_key, own_key = random.randrange(1 << 20, 1 << 30), random.randrange(1 << 20, 1 << 30)
-    host = libc.shmget(host_key, 4096, IPC_CREAT | 0o666)
+    host = libc.msgget(host_key, IPC_CREAT | 0o666)
     assert host >= 0, ctypes.get_errno()
     try:
-        size = 256 << 20
-        result = run_untrusted(SHM_PROGRAM.format(host_key=host_key, own_key=own_key, size=size), memory_mb=512)
+        result = run_untrusted(IPC_PROGRAM.format(host_key=host_key, own_key=own_key))
         assert result.status == "passed", result.stderr
         host_line, own_line = result.stdout.splitlines()
-        assert host_line.split()[0] == "-1" and host_line.split()[1] == "2"  # ENOENT: the host's is not there
+        assert host_line.split() == ["-1", "2"]  # ENOENT: the host's queue is not there
         assert own_line == "True True"  # control: it could make its own (so the next check has teeth)
-        assert libc.shmget(own_key, 0, 0) == -1 and libc.msgget(own_key, 0) == -1  # gone with its namespace
+        assert libc.msgget(own_key, 0) == -1 and libc.semget(own_key, 0, 0) == -1  # gone with its namespace
     finally:
-        libc.shmctl(host, IPC_RMID, None)
+        libc.msgctl(host, IPC_RMID, None)
 
 
 def test_the_filesystem_view_holds_only_the_interpreter_and_system_libraries():
@@ -76,7 +70,7 @@ def test_the_filesystem_view_holds_only_the_interpreter_and_system_libraries():
     assert set(ast.literal_eval(dev)) == {"full", "null", "random", "shm", "urandom", "zero"}
     assert errors == ["30", "30", "30"]  # EROFS: /usr and the root itself are read-only
     for path in info.visible:  # and each host path it shows is a real system or interpreter path
-        assert path in sandbox.SYSTEM_VIEW or any(path.startswith(p) for p in ("/usr", "/opt", "/root", "/home"))
+        assert path in containment.SYSTEM_VIEW or any(path.startswith(p) for p in ("/usr", "/opt", "/root", "/home"))
 
 
 def test_a_non_root_uid_and_its_own_hostname_inside():
@@ -84,82 +78,92 @@ def test_a_non_root_uid_and_its_own_hostname_inside():
     program = ("import os, socket\nprint(os.getuid(), os.getgid(), socket.gethostname())\n"
                "try:\n    os.setuid(0)\nexcept OSError as error:\n    print('setuid', error.errno)\n")
     result = run_untrusted(program)
-    assert result.stdout.splitlines() == [f"{sandbox.INSIDE_UID} {sandbox.INSIDE_UID} sandbox", "setuid 22"], result
+    assert result.stdout.splitlines() == [f"{containment.INSIDE_UID} {containment.INSIDE_UID} sandbox", "setuid 22"], result
 
 
 # ---- the fallback without namespaces ------------------------------------------------------------------
 
 @pytest.fixture
 def fallback(monkeypatch):
+    """This machine's sandbox with no namespaces (and so no private root): the fallback level, forced."""
     reduced = dataclasses.replace(sandbox_info(), namespaces=False, unshare=None, private_dirs=False, visible=())
-    monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
-    monkeypatch.delenv(sandbox.MODE_VARIABLE, raising=False)
+    monkeypatch.setattr(containment, "sandbox_info", lambda: reduced)
+    monkeypatch.delenv(containment.MODE_VARIABLE, raising=False)
     return reduced
 
 
 def test_the_fallback_warns_and_says_what_it_lacks(fallback):
     assert fallback.level == "fallback" and "network" in fallback.containment
     assert "NO namespaces" in fallback.containment
-    with pytest.warns(SandboxWarning, match="WITHOUT user/net/pid/ipc namespaces"):
+    with pytest.warns(SandboxWarning, match="'fallback' level, WITHOUT user/net/pid/ipc namespaces") as caught:
         assert run_untrusted("print('ok')").stdout == "ok\n"
+    assert "private read-only root" in str(caught[0].message)
 
 
 @pytest.mark.filterwarnings("ignore::specrepro.tasks.sandbox.SandboxWarning")
 def test_in_the_fallback_ipc_left_by_the_fresh_uid_is_removed(fallback, monkeypatch):
-    """No IPC namespace: the host's segment is reachable (so the run's own segment was really in the host's
-    IPC), but what the run's uid made is removed after it."""
+    """No IPC namespace: the host's IPC is reachable (so the run's own queue was really in the host's IPC),
+    but what the run's uid made is removed after it."""
     if not fallback.uid_drop:
         pytest.skip("not root: no fresh uid whose IPC objects could be told apart from the user's own")
     libc = _libc()
     own_key = random.randrange(1 << 20, 1 << 30)
-    result = run_untrusted(SHM_PROGRAM.format(host_key=own_key + 1, own_key=own_key, size=1 << 20))
+    result = run_untrusted(IPC_PROGRAM.format(host_key=own_key + 1, own_key=own_key))
     assert result.status == "passed", result.stderr
     assert result.stdout.splitlines()[1] == "True True"
-    assert libc.shmget(own_key, 0, 0) == -1 and libc.msgget(own_key, 0) == -1
-    # power: without the clean-up, the same run's segment and queue stay in the host's IPC
-    monkeypatch.setattr(sandbox, "_remove_ipc", lambda uid: None)
-    run_untrusted(SHM_PROGRAM.format(host_key=own_key + 1, own_key=own_key, size=1 << 20))
-    segment, queue = libc.shmget(own_key, 0, 0), libc.msgget(own_key, 0)
+    assert libc.msgget(own_key, 0) == -1 and libc.semget(own_key, 0, 0) == -1
+    # power: without the clean-up, the same run's queue and semaphore stay in the host's IPC
+    monkeypatch.setattr(process, "remove_ipc", lambda uid: None)
+    run_untrusted(IPC_PROGRAM.format(host_key=own_key + 1, own_key=own_key))
+    queue, semaphore = libc.msgget(own_key, 0), libc.semget(own_key, 0, 0)
     try:
-        assert segment >= 0 and queue >= 0
+        assert queue >= 0 and semaphore >= 0
     finally:
-        libc.shmctl(segment, IPC_RMID, None)
         libc.msgctl(queue, IPC_RMID, None)
+        libc.semctl(semaphore, 0, IPC_RMID)
 
 
 def test_strict_mode_refuses_the_fallback(fallback, monkeypatch):
-    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
+    monkeypatch.setenv(containment.MODE_VARIABLE, "strict")
     problem = load_humaneval(n=1)[0]
     with pytest.raises(RuntimeError, match="strict"):
         run_untrusted("print('ok')")
     with pytest.raises(RuntimeError, match="strict"):
         check_completion(problem, problem.canonical_solution)
-    monkeypatch.setenv(sandbox.MODE_VARIABLE, "sloppy")
+    monkeypatch.setenv(containment.MODE_VARIABLE, "sloppy")
     with pytest.raises(ValueError, match="SPECREPRO_SANDBOX"):
         run_untrusted("print('ok')")
 
 
-def test_strict_mode_refuses_namespaces_that_leave_the_interpreter_writable(monkeypatch):
-    """Namespaces but no private root and no fresh uid: the program could rewrite the judge's stdlib."""
-    _need("namespaces")
-    reduced = dataclasses.replace(sandbox_info(), uid_drop=False, private_dirs=False, visible=())
-    monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
-    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
-    with pytest.raises(RuntimeError, match="neither a private read-only root nor a fresh uid"):
-        run_untrusted("print('ok')")
-    monkeypatch.delenv(sandbox.MODE_VARIABLE)
-    with pytest.warns(SandboxWarning, match="the interpreter's files included"):
-        run_untrusted("print('ok')")
-    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
-    with warnings.catch_warnings():  # control: either layer is enough, even under strict
-        warnings.simplefilter("error", SandboxWarning)
-        sandbox._require_isolation(dataclasses.replace(reduced, uid_drop=True))
-        sandbox._require_isolation(dataclasses.replace(reduced, private_dirs=True))
+LESSER = {  # a machine that offers less than this one -> what the warning must name
+    "namespaces, fresh uid": ({"private_dirs": False, "visible": ()}, ["private read-only root"]),
+    "namespaces, no fresh uid": ({"private_dirs": False, "visible": (), "uid_drop": False},
+                                 ["private read-only root", "the interpreter's files included"]),
+    "full, no cgroup": ({"cgroup": None}, ["cgroup memory and process cap"]),
+    "full, no seccomp": ({"seccomp": False}, ["seccomp filter"]),
+}
 
 
-def test_strict_mode_runs_where_namespaces_exist(monkeypatch):
+@pytest.mark.parametrize("lesser", list(LESSER))
+def test_every_level_below_full_warns_and_strict_mode_refuses_it(monkeypatch, lesser):
+    """The namespaces level too, and a full level missing the cgroup or the filter."""
     _need("namespaces")
-    monkeypatch.setenv(sandbox.MODE_VARIABLE, "strict")
+    changes, named = LESSER[lesser]
+    reduced = dataclasses.replace(sandbox_info(), **changes)
+    monkeypatch.setattr(containment, "sandbox_info", lambda: reduced)
+    monkeypatch.setenv(containment.MODE_VARIABLE, "strict")
+    with pytest.raises(RuntimeError, match="strict"):
+        run_untrusted("print('ok')")
+    monkeypatch.delenv(containment.MODE_VARIABLE)
+    with pytest.warns(SandboxWarning) as caught:
+        assert run_untrusted("print('ok')").stdout == "ok\n"
+    assert all(text in str(caught[0].message) for text in named), str(caught[0].message)
+
+
+def test_strict_mode_runs_where_nothing_is_lacking(monkeypatch):
+    if sandbox_info().lacking:
+        pytest.skip(f"this machine's sandbox lacks {sandbox_info().lacking}")
+    monkeypatch.setenv(containment.MODE_VARIABLE, "strict")
     with warnings.catch_warnings():
         warnings.simplefilter("error", SandboxWarning)
         assert run_untrusted("print('ok')").stdout == "ok\n"

@@ -1,4 +1,4 @@
-"""HumanEval verdicts the checked code cannot forge, and the private /tmp of the sandbox (issue 10)."""
+"""HumanEval verdicts the checked code cannot forge, and the private /tmp of the sandbox."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from specrepro.tasks.humaneval import (
     HumanEvalProblem, check_completion, load_humaneval, pass_at_k, program_for,
 )
-from specrepro.tasks.sandbox import run_tests, run_untrusted, sandbox_info
+from specrepro.tasks.sandbox import SandboxWarning, containment, inside, run_tests, run_untrusted, sandbox_info
 
 PROJECT = Path(__file__).resolve().parents[2]
 WRONG = "    return True\n"  # wrong for HumanEval/0: its second assert expects False
@@ -151,12 +151,10 @@ FORGE = ("    while frame is not None and 'token' not in frame.f_locals:\n      
 
 @pytest.mark.parametrize("route", list(FORGERS))
 def test_harness_aware_forger_fails_with_and_without_the_audit_hook(has_close_elements, monkeypatch, route):
-    from specrepro.tasks import sandbox
-
     forger = FORGERS[route] + FORGE
     assert check_completion(has_close_elements, forger).status == "failed"
-    assert "sys.addaudithook(audit_hook())" in sandbox.HARNESS
-    monkeypatch.setattr(sandbox, "HARNESS", sandbox.HARNESS.replace("sys.addaudithook(audit_hook())", "pass"))
+    assert "sys.addaudithook(audit_hook())" in inside.HARNESS
+    monkeypatch.setattr(inside, "HARNESS", inside.HARNESS.replace("sys.addaudithook(audit_hook())", "pass"))
     assert check_completion(has_close_elements, forger).status == "failed"
     assert check_completion(has_close_elements, CORRECT).status == "passed"  # control
 
@@ -226,7 +224,7 @@ def test_files_left_in_tmp_and_shm_vanish(runner, has_close_elements):
     token = f"specrepro-leftover-{random.randrange(10**9)}"
     paths = [f"/tmp/{token}", f"/dev/shm/{token}"]
     write = "".join(f"open({p!r}, 'w').write('x')\nassert os.path.exists({p!r})\n" for p in paths)
-    write += f"assert not os.path.exists('/var/tmp')\n"  # not in the private root at all
+    write += "assert not os.path.exists('/var/tmp')\n"  # not in the private root at all
     paths.append(f"/var/tmp/{token}")
     if runner == "program":
         result = run_untrusted("import os\n" + write + "print('wrote')\n")
@@ -270,10 +268,8 @@ def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallba
     """Machines without (mount) namespaces: the verdict does not rely on them."""
     import dataclasses
 
-    from specrepro.tasks import sandbox
-
     reduced = dataclasses.replace(sandbox_info(), **FALLBACKS[fallback])
-    monkeypatch.setattr(sandbox, "sandbox_info", lambda: reduced)
+    monkeypatch.setattr(containment, "sandbox_info", lambda: reduced)
     monkeypatch.delenv("SPECREPRO_SANDBOX", raising=False)
     assert check_completion(has_close_elements, CORRECT).status == "passed"
     for name in ("sys.exit(0)", "os._exit(0) at top level", "writing to every fd in /proc/self/fd",
@@ -287,21 +283,20 @@ def test_verdicts_hold_with_fewer_layers(has_close_elements, monkeypatch, fallba
 
 
 def test_the_private_root_shows_usr_and_the_interpreter_and_nothing_beside_them(monkeypatch, tmp_path):
-    from specrepro.tasks import sandbox
-
-    monkeypatch.setattr(sandbox, "_interpreter_paths", lambda interpreter, uid: ["/usr/lib/python3", "/opt/py/lib"])
+    paths = ["/usr/lib/python3", "/opt/py/lib", "/usr/local/lib/python3.11"]
+    monkeypatch.setattr(containment, "_interpreter_paths", lambda interpreter, uid: paths)
     monkeypatch.setattr(os.path, "lexists", lambda path: path not in ("/lib32", "/libx32"))
-    visible = sandbox._visible_paths("python3", None)
+    visible = containment.visible_paths("python3", None)
     assert visible[0] == "/usr" and "/opt/py/lib" in visible  # an interpreter outside /usr is shown too
     assert "/usr/lib/python3" not in visible  # already under /usr
+    # /usr/local is shown empty, except an interpreter's own directory there, which is bound on its own
+    assert "/usr/local" in containment.HIDDEN and "/usr/local/lib/python3.11" in visible
     assert not {"/lib32", "/libx32", "/", "/etc", "/work", "/root", "/home"} & set(visible)
 
 
 def test_a_checkout_under_tmp_is_absent_and_its_venv_python_is_run_by_its_real_path(monkeypatch):
     """A project cloned into /tmp (with a venv there): the private root does not show it, and the sandbox runs
     the binary the venv's python links to."""
-    from specrepro.tasks import sandbox
-
     info = sandbox_info()
     if not info.private_dirs:
         pytest.skip("no mount namespace on this machine")
@@ -317,16 +312,15 @@ def test_a_checkout_under_tmp_is_absent_and_its_venv_python_is_run_by_its_real_p
 
 
 def test_sandbox_info_falls_back_when_mounts_fail(monkeypatch):
-    from specrepro.tasks import sandbox
-
     if not sandbox_info().namespaces:
         pytest.skip("no user namespaces here: nothing to fall back from")
-    monkeypatch.setattr(sandbox, "_probe_private", lambda *args: False)
-    sandbox.sandbox_info.cache_clear()
+    monkeypatch.setattr(containment, "_probe_launch", lambda info, uid, seccomp: not info.private_dirs)
+    sandbox_info.cache_clear()
     try:
-        reduced = sandbox.sandbox_info()
+        reduced = sandbox_info()
         assert reduced.namespaces and not reduced.private_dirs and reduced.visible == ()
         assert "shared filesystem" in reduced.containment
-        assert run_untrusted("print('ok')").stdout == "ok\n"
+        with pytest.warns(SandboxWarning, match="private read-only root"):
+            assert run_untrusted("print('ok')").stdout == "ok\n"
     finally:
-        sandbox.sandbox_info.cache_clear()
+        sandbox_info.cache_clear()
