@@ -35,3 +35,30 @@ def _jsonable(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """How a result file names a path, so that it carries no machine's directories: relative to the checkout
+    when inside it, `$SPECREPRO_HOME/...` inside the cache, otherwise the file's name alone."""
+    from .models import specrepro_home
+
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    p = p.resolve()
+    for root, label in ((Path(__file__).resolve().parents[1], None), (specrepro_home().resolve(), "$SPECREPRO_HOME")):
+        if p.is_relative_to(root):
+            rel = p.relative_to(root).as_posix()
+            return rel if label is None else f"{label}/{rel}"
+    return p.name
+
+
+def portable_args(args: dict) -> dict:
+    """Command-line arguments as a result file records them: every absolute path made portable."""
+    def one(value):
+        if isinstance(value, (list, tuple)):
+            return [one(v) for v in value]
+        if isinstance(value, (str, os.PathLike)) and os.path.isabs(os.fspath(value)):
+            return portable_path(value)
+        return value
+    return {k: one(v) for k, v in args.items()}

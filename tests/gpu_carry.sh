@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what `make gpu-check` needs on a lent GPU machine that is not in its image into .gpu-carry/
+# Packs what `make gpu-check` needs on a GPU machine that is not in its image into .gpu-carry/
 # (git-ignored through .git/info/exclude), for the device tool's `carry`. Run here, in the repository root.
 #
 #   .gpu-carry/smollm2-135m-instruct/   the offline target's config and tokenizer (no weights, ~3.5 MB)

@@ -134,9 +134,9 @@ def test_code_digest_and_repo_root_see_the_whole_checkout():
     from specrepro.experiments import records, results
 
     h = hashlib.sha256()
-    for path in sorted(PKG.rglob("*.py")):
+    for path in sorted([*PKG.rglob("*.py"), *PKG.rglob("*.cpp")]):
         h.update(path.relative_to(PKG).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    assert results.code_digest() == h.hexdigest()[:12]  # every subpackage, not the experiments folder alone
+    assert results.code_digest() == h.hexdigest()[:12]  # every subpackage and the C++ pass, not the experiments folder alone
     assert (records.repo_root() / "notebooks" / "params").is_dir()
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .report import config_name, format_table, headline, summarise, write_results
+from ..files import portable_args
 from ..tuning.costs import measure_cost_table
 from ..drafts.base import ModelDraft
 from ..drafts.lookup import LookupDraft
@@ -400,7 +401,7 @@ def main(argv=None) -> dict:
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
         setup=setup, trees=trees,
     )
-    meta = dict(vars(args), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    meta = dict(portable_args(vars(args)), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
     from ..engines import native
 
     if native.describe() is not None:  # a native runner ran: its kernels and build time

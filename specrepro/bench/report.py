@@ -113,7 +113,7 @@ def prompt_ratio_ci(rows: list[dict], name: str, reference: str, key: str = "ms_
 
 
 def headline(rows: list[dict], summary: list[dict]) -> list[dict]:
-    """Per sampling mode, the issue's comparisons, each a paired ratio from this one run (> 1: ours faster);
+    """Per sampling mode, the comparisons the speed targets are stated in, each a paired ratio from this one run (> 1: ours faster);
     against llama.cpp also "..._ci": [ratio of per-prompt means, 95% low, high] over prompts.
 
     ars_vs_hf_generate: our fastest ArS against HF generate(). fastest_sps_vs_fastest_ars: our fastest SpS

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import portable_args
 from ..algorithm.tree import parse_tree
 from ..drafts.trainer import FREE_KINDS, KINDS
 from ..engines.lean import set_threads
@@ -68,7 +69,7 @@ def main(argv=None) -> list[dict]:
     rows = measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
                              seed=args.seed, eos=eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
                              trees=trees)
-    meta = {"machine": machine_info(), "torch": torch.__version__, **vars(args), "threads": threads, "tune": tuned}
+    meta = {"machine": machine_info(), "torch": torch.__version__, **portable_args(vars(args)), "threads": threads, "tune": tuned}
     out = Path(args.out)
     write_outputs(out.parent, out.name, rows, meta)
     print(markdown_table(rows, COLUMNS, digits=3))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_json
-from .results import code_digest, machine_info, write_csv
+from .results import code_digest, machine_info, provenance, write_csv
 from ..generate import autoregressive_generate, speculative_generate
 
 PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
@@ -75,14 +75,15 @@ def results_folder(name: str, namespace: dict, notebook_dir=None) -> str:
 
 
 def run_header(profile: str, seed: int, threads: int | None, **extra) -> dict:
-    """Fix threads and seed, and return what every output records: machine, profile, seed, settings."""
+    """Fix threads and seed, and return what every output records: machine, the commit and code digest
+    (`provenance`), profile, seed, settings (the notebooks add the tuned setting as "tune")."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; use one of {PROFILES}")
     if threads:
         torch.set_num_threads(int(threads))
     torch.manual_seed(seed)
-    return {"profile": profile, "seed": seed, "machine": machine_info(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            **extra}
+    return {"profile": profile, "seed": seed, "machine": machine_info(), "provenance": provenance(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
 
 def item_seed(seed: int, key: str) -> int:
     """A stable per-item seed, so a resumed run draws the same randomness for the same item."""

@@ -180,12 +180,32 @@ def _ends_clean(f) -> bool:
 
 
 def code_digest() -> str:
-    """A hash of the package's Python sources: results made by other code are never reused."""
+    """A hash of the package's sources (Python and the native pass's C++): results made by other code are
+    never reused."""
     root = Path(__file__).resolve().parents[1]  # the whole specrepro package
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cpp")]):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
+
+
+def provenance() -> dict:
+    """What code made a result: the git commit of the checkout (None outside one), whether the checkout had
+    uncommitted changes, and the package's code digest."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": bool(status) if commit else None, "code_digest": code_digest()}
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[dict]) -> Path:

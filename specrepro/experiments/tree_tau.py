@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from . import records as rec
 from . import workloads as wl
+from ..files import portable_args
 from ..stats.intervals import ratio_ci, ratio_of_ratios_ci
 from ..engines.lean import LeanRunner, set_threads
 from ..models import load_model
@@ -116,7 +117,7 @@ def main(argv=None) -> list[dict]:
     rows = summarise(records)
     out = Path(args.out)
     rec.write_outputs(out.parent, out.name, rows, {"machine": machine_info(), "torch": torch.__version__,
-                                                   **vars(args), "threads": threads})
+                                                   **portable_args(vars(args)), "threads": threads})
     print(markdown_table(rows, COLUMNS, digits=3))
     return rows
 

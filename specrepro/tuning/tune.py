@@ -39,7 +39,7 @@ from ..engines.kernels import BACKENDS, unavailable_reason
 from ..engines.machine import cpu_info, describe_cpu
 from ..engines.runners import vocab_size
 from ..models import specrepro_home
-from ..files import write_json
+from ..files import portable_path, write_json
 from ..stats.speedup import acceptance_mle, expected_tokens
 
 TUNE_VERSION = 2  # bump when the measurement or the choice changes: old cache entries are then ignored
@@ -143,7 +143,7 @@ def tune(
     if cand.graphs:
         choice["capture_seconds_returned_runner"] = runner.warmup(_graph_sizes(max_lookahead, extra))
     report = {
-        "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": str(path),
+        "machine": machine, "cpu": describe_cpu(machine), "torch": torch.__version__, "cache_file": portable_path(path),
         "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
         "acceptance_source": a_source, **choice, "costs": measured["costs"], "screen": measured.get("screen", {}),
         "skipped": measured.get("skipped", {}), "prepare": measured.get("prepare", {}),

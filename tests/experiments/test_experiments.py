@@ -182,3 +182,19 @@ def test_measure_costs_feeds_target_features_to_feature_drafts():
     costs = measure_costs(target, FeatureDraft.init_for(target, {"ffn": 32}), torch.tensor([0, 5, 7, 9]), [1, 2],
                              reps=1)
     assert costs["c"] > 0 and set(costs["v"]) == {1, 2} and set(costs["target_ms"]) == {1, 2, 3}
+
+
+def test_every_output_records_the_commit_and_code_that_made_it():
+    import subprocess
+    from pathlib import Path
+
+    from specrepro.experiments.records import run_header
+    from specrepro.experiments.results import code_digest
+
+    meta = run_header("smoke", 0, None)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    assert meta["provenance"]["commit"] == head and len(head) == 40
+    assert meta["provenance"]["code_digest"] == code_digest()
+    assert isinstance(meta["provenance"]["dirty"], bool)
+    assert meta["machine"]["cpu_model"] and "cpu_flags" in meta["machine"]

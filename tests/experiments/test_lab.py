@@ -122,7 +122,7 @@ def test_one_cache_rule_for_every_way_a_notebook_runs():
     in_lab = records.results_folder(name, _namespace(name, {}))  # nbval and Lab: the cell's smoke defaults
     assert planned["results_dir"] == by_papermill == by_reproduce == in_lab
     assert in_lab.startswith(f"runs/smoke/results/{name}-")
-    # the case: max_new_tokens changed in Lab must not reuse the 8-token items
+    # the case that once went wrong: max_new_tokens changed in Lab must not reuse the 8-token items
     changed = records.results_folder(name, _namespace(name, {"max_new_tokens": 16}))
     assert changed != in_lab
     assert changed == dict(reproduce.plan("smoke", [name], {"max_new_tokens": 16}))[name]["results_dir"]
@@ -151,7 +151,7 @@ def test_smoke_outputs_say_they_measure_nothing(tmp_path):
     assert "note" not in json.loads((tmp_path / "u.json").read_text())["meta"]
     assert "measure nothing" in records.profile_note("smoke") and records.profile_note("cpu") == ""
     for name in ("02_lookahead_sweep", "03_table1", "04_drafts"):  # shown above each results table
-        assert "ex.profile_note(profile)" in (reproduce.NOTEBOOK_DIR / f"{name}.py").read_text()
+        assert "profile_note(profile)" in (reproduce.NOTEBOOK_DIR / f"{name}.py").read_text()
 
 
 def test_lab_server_setup(monkeypatch):
