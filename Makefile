@@ -20,7 +20,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m ipykernel install --sys-prefix --name specrepro --display-name "Python (specrepro)" >/dev/null
 	touch $(STAMP)
 
+# system packages pip cannot install: what each is for, and the Debian package that brings it
+SYSTEM_TOOLS := g++:g++:"the native CPU pass (without it sr.tune falls back to torch's kernels and the numbers change)" \
+	unshare:util-linux:"the sandbox's namespaces for HumanEval (without it a weaker level, with a warning)" \
+	chromium:chromium:"the JupyterLab browser test (make test only)" \
+	chromedriver:chromium-driver:"the JupyterLab browser test (make test only)"
+
 setup: $(STAMP)
+	@missing=""; for entry in $(SYSTEM_TOOLS); do tool=$${entry%%:*}; rest=$${entry#*:}; pkg=$${rest%%:*}; \
+	  why=$${rest#*:}; command -v $$tool >/dev/null || { echo "setup: $$tool is missing: $$why"; missing="$$missing $$pkg"; }; done; \
+	  [ -z "$$missing" ] || echo "setup: install with: apt-get install$$missing"
 
 notebooks: setup
 	$(VENV)/bin/specrepro-reproduce --sync

@@ -133,7 +133,10 @@ def install_kernel(scripted: bool = True) -> None:
     """
     kernel_dir = ROOT / "runs" / "jupyter" / "kernels" / KERNEL_NAME
     kernel_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    # the kernel logs errors only: its start-up warning about TCP without encryption concerns a kernel that
+    # listens on the loopback interface of this machine, and gives a user nothing to act on
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                     "--IPKernelApp.log_level=ERROR"],
             "display_name": KERNEL_DISPLAY_NAME, "language": "python"}
     # atomic: a second run starting at the same moment must never read a half-written kernel.json
     atomic_write_text(kernel_dir / "kernel.json", json.dumps(spec, indent=1))
@@ -190,8 +193,13 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
         output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False) -> list[Path]:
     """Run the notebooks. force: delete their items and rerun; rerun: rerun finished notebooks, keeping items
     (what --merge needs); shard (i, n): only share i of n of the items, under shard_root()."""
+    import logging
+
     import papermill
 
+    # papermill's line-by-line reader of the parameters cell warns on every continuation line of a value that
+    # spans lines (notebook 01's settings list); the parameters are injected as a cell and read correctly
+    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     if shard is not None:
         output_root = shard_root(profile, shard, output_root)
     jobs = plan(profile, only, overrides, output_root)
@@ -204,7 +212,8 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
         os.environ[SHARD_ENV] = f"{shard[0]}/{shard[1]}"  # the kernels inherit it; ResultsFile reads it
     try:
         outputs = []
-        for name, params in jobs:
+        started = time.time()
+        for index, (name, params) in enumerate(jobs):
             done = run_dir / f"{name}.done.json"
             digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()
                                     + (NOTEBOOK_DIR / f"{name}.py").read_bytes()).hexdigest()
@@ -216,12 +225,17 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                               else ROOT / params["results_dir"], ignore_errors=True)
             output = run_dir / f"{name}.ipynb"
             where = f", shard {shard[0]}/{shard[1]}" if shard else ""
-            print(f"[reproduce] {name} ({profile}{where}) -> {output}", flush=True)
+            left = remaining_minutes(profile, [n for n, _ in jobs[index:]])
+            shown = output.relative_to(ROOT) if output.is_relative_to(ROOT) else output
+            print(f"[reproduce] {index + 1}/{len(jobs)} {name} ({profile}{where}) -> {shown}; "
+                  f"{(time.time() - started) / 60:.1f} min so far" + (f", about {left:.0f} min left" if left else ""),
+                  flush=True)
             start = time.time()
             try:
+                # a bar per cell (cell i/N, elapsed, papermill's estimate) where a person watches a terminal
                 papermill.execute_notebook(
                     str(SYNC_DIR / f"{name}.ipynb"), str(output), parameters=params, kernel_name=KERNEL_NAME,
-                    cwd=str(ROOT), execution_timeout=timeout, progress_bar=False, log_output=False,
+                    cwd=str(ROOT), execution_timeout=timeout, progress_bar=sys.stderr.isatty(), log_output=False,
                 )
             except papermill.PapermillExecutionError as err:
                 if not (shard is not None and err.ename == "ShardComplete"):
@@ -240,6 +254,17 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
         os.environ.pop(SHARD_ENV, None)
         if previous is not None:
             os.environ[SHARD_ENV] = previous
+
+
+# minutes each notebook took in the last measured run of a profile (cpu: docs/results.md's run, 2 cores)
+MINUTES = {"cpu": {"00_train_drafts": 0.2, "01_losslessness": 3.7, "02_lookahead_sweep": 6.2, "03_table1": 17.0,
+                   "04_drafts": 11.6}}
+
+
+def remaining_minutes(profile: str, names) -> float | None:
+    """About how long the notebooks `names` take in `profile`, from its last measured run (None if unknown)."""
+    table = MINUTES.get(profile)
+    return sum(table.get(n, 0.0) for n in names) if table else None
 
 
 def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
