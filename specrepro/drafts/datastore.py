@@ -33,7 +33,7 @@ import torch
 
 from ..algorithm.tree import Tree, TreeSpec
 from .base import Draft
-from .growing import draw_children, one_hot_rows
+from .growing import draw_children
 
 SEP = -1  # between sequences in the stream: no n-gram or continuation crosses it
 _MULT = np.int64(0x9E3779B97F4A7C15 - (1 << 64))  # odd 64-bit multiplier of the rolling n-gram hash
@@ -203,34 +203,37 @@ class DatastoreDraft(Draft):
         return rows[-self.max_rows:]
 
     def node_p(self, column: np.ndarray) -> tuple[list[int], torch.Tensor] | None:
-        """(tokens by count, most first, ties by id; p over them) from one trie node's next-token column."""
+        """(tokens by count, most first, ties by id; p over those tokens, float32) from one trie node's
+        next-token column; None where no row continues."""
         column = column[column != SEP]
         if not len(column):
             return None
         tokens, counts = np.unique(column, return_counts=True)
         order = np.lexsort((tokens, -counts))
-        tokens, counts = tokens[order], counts[order].astype(np.float64)
-        weights = counts ** (1.0 / self.sharpen)
-        p = torch.zeros(self.vocab_size)
-        p[torch.from_numpy(tokens)] = torch.from_numpy(weights / weights.sum()).float()
-        return tokens.tolist(), p
+        weights = counts[order].astype(np.float64) ** (1.0 / self.sharpen)
+        return tokens[order].tolist(), torch.from_numpy(weights / weights.sum()).float()
 
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
-        tree = self.propose_tree(seq, TreeSpec(1, k), sampling, generator)
-        tokens = torch.tensor(tree.tokens, dtype=torch.long)
-        return tokens, tree.p
+        tokens, rows = self.grow(seq, TreeSpec(1, k), sampling, generator)[:2]
+        return torch.tensor(tokens, dtype=torch.long), rows
 
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
         """A tree of the most frequent (greedy) or sampled (temperature > 0) continuations, level by level: the
         `width` nodes of a level with the highest cumulative frequency are expanded, each with up to `width`
         children, within spec.nodes (one node per deeper level kept in reserve, as growing.grow does)."""
+        tree = self.grow(seq, spec, sampling, generator)[2]
+        return tree
+
+    def grow(self, seq, spec, sampling, generator=None):
+        """(tokens, rows [N, V], tree) of the proposal in level order (see propose_tree). The rows are built
+        once at the end from each node's row over its support (a [V] tensor per node would cost more than
+        the search on a 49k vocabulary)."""
         tree = Tree(self.vocab_size)
         rows = self.rows(seq, spec.depth)
-        if not len(rows):
-            return tree
+        small = []  # per node: (support tokens, the row over them)
         members = {-1: np.arange(len(rows))}  # node -> the rows whose path starts with the node's path
         frontier, budget = [-1], spec.nodes
-        for level in range(spec.depth):
+        for level in range(spec.depth if len(rows) else 0):
             if level > 0:
                 frontier = sorted(frontier, key=lambda i: -tree.scores[i])[: spec.width]
             new = []
@@ -239,27 +242,33 @@ class DatastoreDraft(Draft):
                 m = min(spec.width, level_budget - len(new))
                 if m <= 0:
                     break
-                found = self.node_p(rows[members[node], level])
+                column = rows[members[node], level]
+                found = self.node_p(column)
                 if found is None:
                     continue
-                ranked, p = found
-                tokens, node_rows = self.children_of(ranked, p, min(m, len(ranked)), sampling.greedy, generator)
+                support, p = found
+                picks, node_rows = self.children_of(p, min(m, len(support)), sampling.greedy, generator)
                 base = 1.0 if node < 0 else tree.scores[node]
-                for t, r in zip(tokens, node_rows):
-                    child = tree.add(node, t, r, base * float(p[t]))
-                    members[child] = members[node][rows[members[node], level] == t]
+                for i, r in zip(picks, node_rows):
+                    child = tree.add(node, support[i], None, base * float(p[i]))
+                    small.append((support, r))
+                    members[child] = members[node][column == support[i]]
                     new.append(child)
             if not new:
                 break
             frontier = new
-        return tree
+        full = torch.zeros(len(tree), self.vocab_size)
+        for row, (support, r) in zip(full, small):
+            row[torch.tensor(support)] = r
+        tree.rows = list(full)
+        return tree.tokens, full, tree
 
-
-    def children_of(self, ranked: list[int], p: torch.Tensor, m: int, greedy: bool, generator=None):
-        """A node's m children and the row each was drawn from: greedy, the m most frequent (one-hot rows);
-        else m draws without replacement from the frequencies p (growing.draw_children)."""
+    def children_of(self, p: torch.Tensor, m: int, greedy: bool, generator=None):
+        """A node's m children as indices into its support (ranked by count) and the row over the support each
+        was drawn from: greedy, the m most frequent (one-hot rows); else m draws without replacement from the
+        frequencies p (growing.draw_children)."""
         if greedy:
-            return ranked[:m], list(one_hot_rows(ranked[:m], self.vocab_size))
+            return list(range(m)), list(torch.eye(len(p))[:m])
         return draw_children(p, m, generator)
 
 

@@ -41,10 +41,10 @@ class ArgmaxWithFrequencyRows(DatastoreDraft):
     """Wrong on purpose: takes the most frequent continuations but says they were drawn from the frequencies
     (the row is not what the token was drawn from), so the rejection step over-accepts them."""
 
-    def children_of(self, ranked, p, m, greedy, generator=None):
+    def children_of(self, p, m, greedy, generator=None):
         if greedy:
-            return super().children_of(ranked, p, m, greedy, generator)
-        return ranked[:m], [without(p, ranked[:i]) for i in range(m)]
+            return super().children_of(p, m, greedy, generator)
+        return list(range(m)), [without(p, list(range(i))) for i in range(m)]
 
 
 def test_index_finds_every_occurrence():
@@ -98,9 +98,9 @@ def test_sampled_rows_are_the_frequencies_they_were_drawn_from():
 
 def test_sharpen_moves_p_towards_the_most_frequent():
     rows = np.array([[2], [2], [2], [4]])
-    _, plain = tiny_draft().node_p(rows[:, 0])
+    support, plain = tiny_draft().node_p(rows[:, 0])
     _, sharp = tiny_draft(sharpen=0.5).node_p(rows[:, 0])
-    assert plain[2] == pytest.approx(0.75) and sharp[2] == pytest.approx(0.9)
+    assert support == [2, 4] and plain[0] == pytest.approx(0.75) and sharp[0] == pytest.approx(0.9)
 
 
 @pytest.mark.parametrize("tree, temperature, top_k, top_p", CORRECT)
