@@ -1,7 +1,7 @@
 """Console scripts declared in pyproject.toml; `python -m <module>` runs the same mains.
 
 specrepro-reproduce, specrepro-bench, specrepro-tune, specrepro-tree-tau, specrepro-plots and
-specrepro-drafts {train, longrun, measure, taucard}. Each tool's module is imported only when it runs.
+specrepro-drafts {train, longrun, measure, taucard, datastore}. Each tool's module is imported only when it runs.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ DRAFT_TOOLS = {
     "longrun": "specrepro.drafts.longrun",
     "measure": "specrepro.experiments.measure_drafts",
     "taucard": "specrepro.drafts.taucard",
+    "datastore": "specrepro.drafts.datastore_build",
 }
 
 

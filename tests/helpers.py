@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
 from specrepro.algorithm.tree import Tree
-from specrepro.drafts import FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
+from specrepro.drafts import Datastore, DatastoreDraft, FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
 from specrepro.engines.runners import HFRunner
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.stats.toy import tiny_llama
@@ -52,8 +52,14 @@ PROMPT = torch.tensor([0, 3])
 N_CHAIN = 3000  # samples per chain configuration
 
 
+# a tiny in-memory datastore over the 5-token vocabulary: several continuations of most suffixes, so that
+# the datastore draft's frequency rows branch (EOS = 1 appears as text would end)
+TINY_STORE = [[0, 3, 2, 4, 0, 3, 4, 2], [3, 2, 2, 4, 3, 0, 1], [0, 3, 4, 4, 2, 0], [2, 3, 2, 0, 4, 3, 3],
+              [4, 0, 3, 2, 4, 1], [3, 3, 0, 2, 2, 3, 4]]
+
 # every draft strategy, on the same harness: (name, factory(target, draft) -> draft object)
 DRAFTS = [
+    ("datastore", lambda target, draft: DatastoreDraft(Datastore(TINY_STORE, max_ngram=3), target.config.vocab_size)),
     ("lookup", lambda target, draft: LookupDraft(target.config.vocab_size, max_ngram=2)),
     ("truncated", lambda target, draft: TruncatedDraft(tiny_llama(0, layers=2), n_layers=1)),
     ("small", lambda target, draft: SmallDraft.from_config(target, {"hidden": 16, "layers": 1, "ffn": 32, "head_dim": 8})),

@@ -1,5 +1,6 @@
 """Draft strategies for speculative_generate, and the trained drafts (train / load)."""
 from .base import Draft, ModelDraft, as_draft
+from .datastore import Datastore, DatastoreDraft
 from .feature import FeatureDraft
 from .heads import HeadsDraft
 from .hybrid import HybridDraft
@@ -9,6 +10,6 @@ from .small import SmallDraft
 from .trainer import KINDS, load, train
 
 __all__ = [
-    "Draft", "ModelDraft", "as_draft", "LookupDraft", "TruncatedDraft", "truncated_model",
+    "Draft", "ModelDraft", "as_draft", "LookupDraft", "Datastore", "DatastoreDraft", "TruncatedDraft", "truncated_model",
     "SmallDraft", "FeatureDraft", "HeadsDraft", "HybridDraft", "KINDS", "train", "load",
 ]

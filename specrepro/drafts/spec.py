@@ -15,7 +15,8 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
     modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
     local model directory: a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling
     back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
-    kind of specrepro.drafts.load (lookup, truncated, small, seqkd, feature, heads).
+    kind of specrepro.drafts.load (lookup, datastore, truncated, small, seqkd, feature, heads); "lookup+datastore" is
+    prompt lookup with the datastore draft where the context has no match.
     dtype: what a model draft computes in (default: the target model's); pass the tuned runner's dtype
     (`compute_dtype(runner)`) so the draft runs as cheaply as the target does.
     device: where a "model:" draft is loaded (default: the target's input device, so draft and target

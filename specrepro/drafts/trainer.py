@@ -38,7 +38,7 @@ KIND_DEFAULTS = {"small": small.DEFAULTS, "seqkd": SEQKD_DEFAULTS, "feature": fe
 KIND_SOURCES = {"small": ("text",), "seqkd": ("gen",), "feature": ("text", "gen"), "heads": ("text", "gen")}
 
 
-FREE_KINDS = ("lookup", "truncated")  # training-free: load() builds them directly
+FREE_KINDS = ("lookup", "datastore", "truncated")  # training-free: load() builds them directly
 TRUNCATED_LAYERS = 4  # the cheap self-speculative baseline; TruncatedDraft(target, n) for others
 
 
@@ -365,6 +365,10 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
         return LookupDraft(vocab_size(target), context_window=context_window(target))
     if kind == "truncated":
         return TruncatedDraft(target, n_layers=TRUNCATED_LAYERS)
+    if kind == "datastore":  # the target's own text: the shipped token file, or `path` (a .jsonl[.gz] build)
+        from .datastore import load_datastore_draft
+
+        return load_datastore_draft(target, path, target_name=target_name(target))
     name = target_name(target)
     if path is None:
         path = find_artifact(kind, name, root)
