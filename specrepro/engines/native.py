@@ -35,6 +35,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native.cpp")
+# -ffp-contract=off: a multiply and an add stay two roundings everywhere, so that the same steps give the same
+# bits in every copy of an inlined loop (the pass's batch invariance rests on it)
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 MAX_ROWS = 64  # passes over more tokens (prompts) run through the lean runner's torch block
 LANES = 16  # outputs per packed block (native.cpp: kLanes)
 
@@ -62,7 +65,7 @@ def extra_flags() -> list[str]:
 def build_key() -> str:
     """What the compiled module depends on: the source, torch, Python, the CPU (-march=native) and extra flags."""
     ident = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), _cpu_flags(),
-                        " ".join(extra_flags())])
+                        " ".join(FLAGS + extra_flags())])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
@@ -98,7 +101,7 @@ def _build():
     start = time.perf_counter()
     module = cpp_extension.load(
         name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-        extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
+        extra_cflags=[*FLAGS, "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
     )
     _state["seconds"] = time.perf_counter() - start
     return module
@@ -115,7 +118,7 @@ def describe() -> dict | None:
     if "module" not in _state:
         return None
     return {"simd": _state["module"].simd(), "build_seconds": _state.get("seconds"),
-            "flags": ["-O3", "-march=native", *extra_flags()]}
+            "flags": [*FLAGS, *extra_flags()]}
 
 
 def simd() -> str:
@@ -159,6 +162,12 @@ def pack(weights, biases=None):
 def linear(x: torch.Tensor, packed) -> torch.Tensor:
     """x [rows, in] @ W^T through the native kernel (float32 out); for tests and profiles."""
     return load().linear(x, packed)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, mask=None) -> torch.Tensor:
+    """The pass's attention alone, for tests: q [n, heads, d] of tokens at cache slots start..start + n, keys and
+    values [kv_heads, capacity, d] (float32); mask [n, start + n] bool for a tree, None for causal."""
+    return load().attention(q, keys, values, start, mask)
 
 
 def build_model(runner):
