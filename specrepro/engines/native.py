@@ -38,7 +38,7 @@ SOURCE = Path(__file__).with_name("native.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings everywhere, so that the same steps give the same
 # bits in every copy of an inlined loop (the pass's batch invariance rests on it)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
-MAX_ROWS = 64  # passes over more tokens (prompts) run through the lean runner's torch block
+MAX_ROWS = 64  # rows per native call: the lean runner feeds longer passes (prompts) block by block
 LANES = 16  # outputs per packed block (native.cpp: kLanes)
 
 _lock = threading.Lock()

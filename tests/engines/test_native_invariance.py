@@ -49,8 +49,17 @@ def check_rows_equal_one_row_passes(m, ids, prefixes, sizes, after=3):
 def test_every_row_of_a_pass_equals_its_one_row_pass(heads, kv_heads, hidden):
     m = model(1, heads=heads, kv_heads=kv_heads, hidden=hidden)
     ids = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(2))
-    # prefixes past 64 tokens are prefilled by the torch block (the same for both runners)
     check_rows_equal_one_row_passes(m, ids, prefixes=[1, 6, 31, 70, 150], sizes=range(1, 18))
+
+
+def test_a_prompt_longer_than_a_native_call_caches_what_one_token_passes_do():
+    m = model(3)
+    ids = torch.randint(0, 64, (160,), generator=torch.Generator().manual_seed(4))
+    block, single = native_runner(m), native_runner(m)
+    block.prefill(ids[:150])  # blocks of native.MAX_ROWS
+    one_by_one(single, ids[:150])
+    assert torch.equal(block.forward(ids[150:]), single.forward(ids[150:]))
+    assert torch.equal(block.forward(ids[:150 - native.MAX_ROWS]), single.forward(ids[:150 - native.MAX_ROWS]))
 
 
 def test_the_same_rows_at_64_a_pass():
