@@ -532,8 +532,11 @@ using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, const float*,
 // Rows per tile call and blocks per tile for a tile of `rows` rows: accumulators = rows x blocks x (16 / kW)
 // vectors, in registers (32 of AVX512's, 16 of AVX2's) with room for the weights and inputs.
 #if defined(SPECREPRO_AVX512)
+#ifndef WIDE_ROWS  // tiles of up to this many rows take four blocks (4 x 4 or, with 6, 6 x 4 accumulators)
+#define WIDE_ROWS 4
+#endif
 constexpr int kMaxRows = 12;
-inline int blocks_for(int rows) { return rows <= 4 ? 4 : 2; }
+inline int blocks_for(int rows) { return rows <= WIDE_ROWS ? 4 : 2; }
 #else
 constexpr int kMaxRows = 4;
 inline int blocks_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
