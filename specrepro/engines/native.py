@@ -7,8 +7,8 @@ row stream the weights at about half the memory bandwidth, and ~300 small torch 
 dispatch cost. No library we can install
 has a kernel for "a few bfloat16 rows times a weight matrix at memory speed" with torch's tensors (oneDNN is
 the one torch offers; llama.cpp's ggml is the peer we measure against and holds its own copy of the model),
-so this module compiles one: weights packed once for AVX512-BF16's dot product (or a portable loop the
-compiler vectorises for AVX2), a pass whose norms, RoPE, cache writes, attention and SiLU run in place
+so this module compiles one: weights packed once for AVX512-BF16's dot product (AVX2 + FMA or portable kernels
+on other CPUs), a pass whose norms, RoPE, cache writes, attention and SiLU run in place
 between the products, and threads from torch's own pool (torch.set_num_threads applies).
 
 It is built on first use with torch.utils.cpp_extension (g++, ninja; -O3 -march=native, so for the CPU it
@@ -19,7 +19,9 @@ from `unavailable_reason` and the lean runner's other backends.
 Numbers: bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
 rounds them); float32 accumulation, residual stream, norms, RoPE, attention and SiLU. The same weights as
 the bfloat16 lean runner, more precise between the products; logits agree with it within bfloat16
-round-off (tests/engines/test_native.py). Use it through `LeanRunner(model, dtype=torch.bfloat16,
+round-off (tests/engines/test_native.py). Batch-invariant: a token's logits are the same bits whatever else
+shares its pass and whichever pass wrote its cache entries (native.cpp says how; tests/engines/
+test_native_invariance.py), so greedy SpS equals greedy ArS on it. Use it through `LeanRunner(model, dtype=torch.bfloat16,
 backend="native")`, which `specrepro.tune` measures beside the other backends.
 """
 from __future__ import annotations
@@ -57,8 +59,8 @@ def _cpu_flags() -> str:
 
 
 def extra_flags() -> list[str]:
-    """$SPECREPRO_NATIVE_CFLAGS, after -march=native: e.g. "-mno-avx512f" builds the portable kernels that a
-    CPU without AVX512 runs (the tests check them that way on an AVX512 machine)."""
+    """$SPECREPRO_NATIVE_CFLAGS, after -march=native: e.g. "-mno-avx512f" builds the AVX2 kernels that a CPU
+    without AVX512 runs (the tests check them that way on an AVX512 machine)."""
     return os.environ.get("SPECREPRO_NATIVE_CFLAGS", "").split()
 
 
@@ -122,7 +124,8 @@ def describe() -> dict | None:
 
 
 def simd() -> str:
-    """Which kernels were compiled: "avx512_bf16", "avx512" (products portable) or "portable"."""
+    """Which kernels were compiled: "avx512_bf16", "avx512" (AVX512F without bfloat16 products), "avx2" (AVX2 +
+    FMA) or "portable"."""
     return load().simd()
 
 
