@@ -72,6 +72,56 @@ def profile_ops(runner, context: int, passes: int = 10) -> dict:
             "profiled_ms": sum(groups.values())}
 
 
+def stream_gbps(reps: int = 5, mb: int = 256) -> float:
+    """Measured memory bandwidth, GB/s: the median time of a sum over `mb` MB of float32 (read once)."""
+    x = torch.ones(mb * 2**18)
+    x.sum()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return x.numel() * 4 / statistics.median(times) / 1e9
+
+
+def native_gmacs(rows: int = 12, reps: int = 20) -> float:
+    """Measured multiply-adds per second (G) of the native product kernel with its weights in cache: `rows` rows
+    times an 8192 x 576 bfloat16 weight (9 MB, resident in the last-level cache after the first call)."""
+    from ..engines import native
+
+    g = torch.Generator().manual_seed(0)
+    packed = native.pack([torch.randn(8192, 576, generator=g)])
+    x = torch.randn(rows, 576, generator=g)
+    native.linear(x, packed)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        native.linear(x, packed)
+        times.append(time.perf_counter() - t)
+    return rows * 8192 * 576 / statistics.median(times) / 1e9
+
+
+def roofline(model, context: int, sizes, measured: dict) -> dict:
+    """Per number of rows n: the memory floor (the bytes a pass must stream: bfloat16 weights with the LM head, and
+    the float32 KV cache it reads, over the measured bandwidth), the compute roof (its multiply-adds over the
+    native kernel's measured rate) and the measured pass (ms)."""
+    c = model.config
+    heads, kv = c.num_attention_heads, c.num_key_value_heads
+    d = getattr(c, "head_dim", None) or c.hidden_size // heads
+    h, inter, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    params = layers * (h * (heads + 2 * kv) * d + heads * d * h + 3 * h * inter) + c.vocab_size * h
+    kv_bytes = 2 * layers * kv * d * 4 * context
+    gbps, gmacs = stream_gbps(), native_gmacs()
+    rows = {}
+    for n in sizes:
+        macs = n * params + 2 * layers * heads * d * (n * context + n * (n + 1) // 2)
+        floor = (2 * params + kv_bytes) / gbps / 1e6
+        roof = macs / gmacs / 1e6
+        rows[n] = {"floor_ms": floor, "roof_ms": roof, "measured_ms": measured.get(n),
+                   "measured_over_bound": measured[n] / max(floor, roof) if n in measured else None}
+    return {"stream_gbps": gbps, "kernel_gmacs": gmacs, "weight_bytes": 2 * params, "kv_bytes": kv_bytes, "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench.ops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +136,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--sizes", default="1",
                     help="also time passes over these numbers of tokens (interleaved like the one-token pass), e.g. "
                          "1,2,3,4,5,9,17: v(K) = pass(K + 1) / pass(1)")
+    ap.add_argument("--roofline", action="store_true",
+                    help="for each native runner and thread count, print per --sizes the memory floor, the compute "
+                         "roof and the measured pass")
     ap.add_argument("--out", default="figures/bench/ops-profile")
     args = ap.parse_args(argv)
     from ..engines.lean import LeanRunner
@@ -144,6 +197,11 @@ def main(argv=None) -> dict:
                 ms = {1: entry[spec]["one_token_ms"], **{k: statistics.median(v) for k, v in blocks[spec].items()}}
                 entry[spec]["pass_ms"] = ms
                 entry[spec]["v"] = {k - 1: ms[k] / ms[1] for k in ms if k > 1}
+        if args.roofline:
+            for spec in runners:
+                if spec.startswith("native") and "pass_ms" in entry[spec]:
+                    entry[spec]["roofline"] = roofline(model, args.context, sorted(entry[spec]["pass_ms"]),
+                                                       entry[spec]["pass_ms"])
         for spec, r in runners.items():
             entry[spec].update(profile_ops(r, args.context, args.passes))
         result["by_threads"][n] = entry
@@ -152,6 +210,13 @@ def main(argv=None) -> dict:
             print(f"{n} thread(s) {spec:22s} {e['one_token_ms']:6.1f} ms/pass   profiled: {groups}", flush=True)
             if "v" in e:
                 print(f"{'':14s}{spec:22s} v(K): " + " ".join(f"{k}:{v:.2f}" for k, v in e["v"].items()), flush=True)
+            if "roofline" in e:
+                rl = e["roofline"]
+                print(f"{'':14s}roofline: {rl['stream_gbps']:.1f} GB/s streamed, {rl['kernel_gmacs']:.0f} G multiply-adds/s "
+                      "in cache\n" f"{'':14s}{'rows':>5s} {'floor ms':>9s} {'roof ms':>8s} {'pass ms':>8s} {'pass/bound':>10s}")
+                for k, row in rl["rows"].items():
+                    print(f"{'':14s}{k:5d} {row['floor_ms']:9.2f} {row['roof_ms']:8.2f} {row['measured_ms']:8.2f} "
+                          f"{row['measured_over_bound']:10.2f}", flush=True)
     write_json(f"{args.out}.json", result)
     return result
 

@@ -114,7 +114,8 @@ class LeanRunner:
         if backend == "native" and not self.supports_native:
             raise ValueError(f"{type(self).__name__} has no native pass: use backend 'eager' or 'onednn'")
         self.backend = resolve_backend(backend, self.dtype, self.device)
-        # the native pass runs blocks of up to native.MAX_ROWS tokens; longer ones (prompts) use eager linears
+        # the native pass runs blocks of up to native.MAX_ROWS tokens, longer ones (prompts) block by block;
+        # self.layers and self.head keep eager linears for the code that reads them
         linear_backend = "eager" if self.backend == "native" else self.backend
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = getattr(config, "num_key_value_heads", None) or self.n_heads
@@ -221,12 +222,27 @@ class LeanRunner:
     def _pass(self, ids, start: int, positions, mask, head):
         """(hidden, logits or None) of tokens `ids` written to cache slots start..; RoPE at `positions` (a
         slice or index tensor); `mask` [n, start + n] bool for a tree, None for causal; no LM head if head is None."""
-        if self._native is not None and ids.shape[0] <= NATIVE_MAX_ROWS:
-            hidden, logits = self._native.forward(ids, start, self._cos32[positions], self._sin32[positions], mask,
-                                                  self.k_cache, self.v_cache, head is not None)
-            return hidden.to(self.dtype), logits
+        if self._native is not None:
+            return self._native_pass(ids, start, positions, mask, head is not None)
         return self._block(ids, start, self.embed, head, self.norm, self.layers, self.k_cache, self.v_cache,
                            self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads, self.head_dim, mask)
+
+    def _native_pass(self, ids, start: int, positions, mask, logits: bool):
+        """_pass through the native model, in blocks of up to native.MAX_ROWS tokens (a prompt): each row's
+        numbers are those of a lone one-token pass, whatever the blocks."""
+        n = ids.shape[0]
+        if isinstance(positions, slice):
+            positions = torch.arange(positions.start, positions.stop)
+        parts = []
+        for c0 in range(0, n, NATIVE_MAX_ROWS):
+            c1 = min(n, c0 + NATIVE_MAX_ROWS)
+            rows = positions[c0:c1]
+            parts.append(self._native.forward(ids[c0:c1], start + c0, self._cos32[rows], self._sin32[rows],
+                                              None if mask is None else mask[c0:c1, : start + c1], self.k_cache,
+                                              self.v_cache, logits))
+        hidden = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
+        out = (torch.cat([lg for _, lg in parts]) if len(parts) > 1 else parts[0][1]) if logits else None
+        return hidden.to(self.dtype), out
 
     def _grow(self, needed: int) -> None:
         """(Re)allocate the cache for at least `needed` positions, keeping what is cached."""

@@ -1,12 +1,21 @@
 // The native CPU pass of a Llama-family decoder: one C++ call runs every layer for 1-64 new tokens.
 //
-// Built on first use by specrepro/engines/native.py (torch.utils.cpp_extension, -O3 -march=native), so the
-// instructions are those of the machine it runs on: AVX512-BF16's dot product where the CPU has it, else
-// the portable loop below, which the compiler vectorises for AVX2 or AVX512F.
+// Built on first use by specrepro/engines/native.py (torch.utils.cpp_extension, -O3 -march=native
+// -ffp-contract=off), so the instructions are those of the machine it runs on. Three kernel families, chosen
+// at build time from the compiler's target flags: AVX512-BF16 (vdpbf16ps products), AVX512F or AVX2 + FMA
+// (bfloat16 weights widened to float32 by shifts, FMA products), and a portable one for any other CPU.
 //
 // Numbers: weights in bfloat16 (the runner's dtype), the activations entering each matrix product rounded to
 // bfloat16 as a bfloat16 runner's are, products accumulated in float32; the residual stream, norms, RoPE,
 // attention over the float32 KV cache and the SiLU gate stay in float32.
+//
+// Batch invariance: a token's logits are the same bits whatever else shares its pass (1-64 rows, a chain or
+// a tree) and whichever pass wrote the cache entries it reads. Every reduction has one order per output that
+// depends on nothing but that output's own length: a product sums its inputs in order into one accumulator
+// per output (threads and tiles split outputs, never the inputs); an RMSNorm sums its row in fixed lanes; a
+// query's scores, softmax and value sum run over the keys it sees, in position order, with lanes fixed by the
+// key's index among them (a tree's hidden keys are skipped, not zero-weighted). -ffp-contract=off keeps the
+// compiler from fusing a multiply and an add in one copy of an inlined loop and not in another.
 //
 // Weights are packed once (native.py) as int32 [blocks, K / 2, 16]: each int32 holds the bfloat16 pair
 // (w[n][2k] low, w[n][2k + 1] high) of output n = 16 * block + lane. One 64-byte load then feeds 16
@@ -21,12 +30,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <memory>
-#include <mutex>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -38,12 +47,14 @@
 #if defined(__AVX512BF16__)
 #define SPECREPRO_DPBF16 1
 #endif
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SPECREPRO_AVX2 1
 #endif
 
 namespace {
 
 constexpr int kLanes = 16;  // outputs per packed block
-constexpr int kMaxRows = 12;
 // Software prefetch of the weights PF_AHEAD cache lines ahead, for tiles of more than PF_ROWS rows: their
 // products are slow enough that the hardware prefetcher falls behind (1 thread, after 300 tokens: a pass over
 // 9 tokens 21.8 -> 20.8 ms, over 17 tokens 38.5 -> 35.6; over 2-5 tokens prefetching made it slower).
@@ -52,7 +63,7 @@ constexpr int kMaxRows = 12;
 #endif
 #ifndef PF_ROWS
 #define PF_ROWS 6
-#endif  // rows per kernel call (accumulators: rows x blocks <= 24 registers)
+#endif
 
 inline float bits_to_float(uint32_t b) {
   float f;
@@ -73,12 +84,11 @@ inline uint32_t to_bf16(float f) {
   return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
 }
 
-// exp for the softmax and SiLU: Cephes' polynomial after range reduction, about 2 ulp; written with
-// arithmetic and bit casts only so that `#pragma omp simd` loops vectorise it. Below -86 it returns 0
+// exp for the softmax and SiLU: Cephes' polynomial after range reduction, about 2 ulp. Below -86 it returns 0
 // (e^-86 < 1e-37): results near the smallest normal float would make the products that use them denormal,
-// which x86 computes far more slowly.
+// which x86 computes far more slowly. The vector versions below take the same steps with FMAs.
 inline float fast_exp(float x) {
-  if (x < -86.0f) return 0.0f;
+  if (!(x >= -86.0f)) return 0.0f;
   x = std::min(x, 88.3f);
   float n = std::floor(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -92,9 +102,33 @@ inline float fast_exp(float x) {
   return p * bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
 
-#ifdef SPECREPRO_AVX512
-// fast_exp on 16 lanes, the same steps
-inline __m512 fast_exp16(__m512 x) {
+// ---- One vector type per kernel family: kW float32 lanes and the few operations the pass needs. Horizontal
+// sums add the lanes in one fixed tree (lane i + lane i + kW/2 first, and so on down).
+#if defined(SPECREPRO_AVX512)
+constexpr int kW = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset(float f) { return _mm512_set1_ps(f); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline float vhsum(vf v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+// the bfloat16 pairs of kW packed int32s as float32: even inputs (low halves), odd inputs (high halves)
+inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
+  const __m512i w = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline vf vexp(vf x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_GE_OQ);
   x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
   const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -111,213 +145,282 @@ inline __m512 fast_exp16(__m512 x) {
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
 }
-#endif
-
-// out[i] = exp(x[i] - shift) for i < len; returns their sum
-inline float exp_shifted(float* x, int64_t len, float shift) {
-  int64_t i = 0;
-  float total = 0.f;
-#ifdef SPECREPRO_AVX512
-  __m512 sum = _mm512_setzero_ps();
-  const __m512 s = _mm512_set1_ps(shift);
-  for (; i + 16 <= len; i += 16) {
-    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
-    _mm512_storeu_ps(x + i, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  total = _mm512_reduce_add_ps(sum);
-#endif
-#pragma omp simd reduction(+ : total)
-  for (int64_t k = i; k < len; ++k) {
-    x[k] = fast_exp(x[k] - shift);
-    total += x[k];
-  }
-  return total;
-}
-
-// SiLU(gate) * up over len values
-inline void silu_mul(const float* gate, const float* up, float* out, int64_t len) {
-  int64_t i = 0;
-#ifdef SPECREPRO_AVX512
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (; i + 16 <= len; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
-  }
-#endif
-  for (; i < len; ++i) out[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
-}
-
-inline float dot(const float* a, const float* b, int64_t d) {
-  int64_t c = 0;
-  float s = 0.f;
-#ifdef SPECREPRO_AVX512
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (; c + 32 <= d; c += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + c + 16), _mm512_loadu_ps(b + c + 16), acc1);
-  }
-  for (; c + 16 <= d; c += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc0);
-  s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#endif
-#pragma omp simd reduction(+ : s)
-  for (int64_t k = c; k < d; ++k) s += a[k] * b[k];
-  return s;
-}
-
-#ifdef SPECREPRO_AVX512
-// [sum(a0), sum(a1), sum(a2), sum(a3)]: per 128-bit lane the four partial sums, then the four lanes added
-inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+// out[i] = scale * (the lanes of a_i summed), i < 4; each sum's tree is that of its own vector only
+inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
   const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
   const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
                                  _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  _mm_storeu_ps(out, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), _mm_set1_ps(scale)));
+}
+#elif defined(SPECREPRO_AVX2)
+constexpr int kW = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset(float f) { return _mm256_set1_ps(f); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline float vhsum(vf v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline vf vexp(vf x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
+  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  _mm_storeu_ps(out, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)), _mm_set1_ps(scale)));
+}
+#else
+constexpr int kW = 8;
+struct vf {
+  float x[kW];
+};
+#define SPECREPRO_LANEWISE(expr) \
+  vf r;                          \
+  for (int i = 0; i < kW; ++i) r.x[i] = (expr); \
+  return r;
+inline vf vzero() { SPECREPRO_LANEWISE(0.f) }
+inline vf vset(float f) { SPECREPRO_LANEWISE(f) }
+inline vf vload(const float* p) { SPECREPRO_LANEWISE(p[i]) }
+inline void vstore(float* p, vf v) { std::memcpy(p, v.x, sizeof(v.x)); }
+inline vf vfma(vf a, vf b, vf c) { SPECREPRO_LANEWISE(a.x[i] * b.x[i] + c.x[i]) }
+inline vf vadd(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] + b.x[i]) }
+inline vf vsub(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] - b.x[i]) }
+inline vf vmul(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] * b.x[i]) }
+inline vf vdiv(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] / b.x[i]) }
+inline vf vexp(vf a) { SPECREPRO_LANEWISE(fast_exp(a.x[i])) }
+inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
+  for (int i = 0; i < kW; ++i) {
+    even.x[i] = bits_to_float(p[i] << 16);
+    odd.x[i] = bits_to_float(p[i] & 0xffff0000u);
+  }
+}
+#undef SPECREPRO_LANEWISE
+inline float vhsum(vf v) {
+  float q[4];
+  for (int i = 0; i < 4; ++i) q[i] = v.x[i] + v.x[i + 4];
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
+  out[0] = vhsum(a0) * scale, out[1] = vhsum(a1) * scale, out[2] = vhsum(a2) * scale, out[3] = vhsum(a3) * scale;
 }
 #endif
 
-// out[j] = scale * q . keys[j * d ..] for j < len
-inline void attention_scores(const float* q, const float* keys, int64_t len, int64_t d, float scale, float* out) {
-  int64_t j = 0;
-#ifdef SPECREPRO_AVX512
-  if (d % 16 == 0 && d <= 256) {  // four keys at a time, their four sums reduced together
-    const int64_t chunks = d / 16;
-    __m512 qv[16];
-    for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-    for (; j + 4 <= len; j += 4) {
-      const float* k = keys + j * d;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        a0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), a0);
-        a1 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + d + 16 * c), a1);
-        a2 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 2 * d + 16 * c), a2);
-        a3 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 3 * d + 16 * c), a3);
-      }
-      _mm_storeu_ps(out + j, _mm_mul_ps(sum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
-    }
-  }
-#endif
-  for (; j < len; ++j) out[j] = dot(q, keys + j * d, d) * scale;
+// the first len < kW values at p, the other lanes `fill`
+inline vf vload_part(const float* p, int64_t len, float fill) {
+  float t[kW];
+  for (int i = 0; i < kW; ++i) t[i] = i < len ? p[i] : fill;
+  return vload(t);
 }
 
-// out[0..d) = sum_j w[j] * v[j * d ..] over j < len with w[j] != 0
-inline void weighted_sum(const float* w, const float* v, int64_t len, int64_t d, float* out) {
-#ifdef SPECREPRO_AVX512
-  if (d % 16 == 0 && d <= 256) {  // two accumulator sets (even and odd keys): half the FMA latency chain
-    __m512 acc[2][16];
-    const int64_t chunks = d / 16;
-    for (int64_t c = 0; c < chunks; ++c) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < len; ++j) {
-      if (w[j] == 0.f) continue;
-      const __m512 e = _mm512_set1_ps(w[j]);
-      const float* vj = v + j * d;
-      __m512* a = acc[j & 1];
-      for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vj + 16 * c), a[c]);
-    }
-    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
-    return;
+inline void vstore_part(float* p, vf v, int64_t len) {
+  float t[kW];
+  vstore(t, v);
+  std::memcpy(p, t, len * sizeof(float));
+}
+
+// x[i] = exp(x[i] - shift) for i < len; returns their sum, added in lanes fixed by i
+inline float exp_shifted(float* x, int64_t len, float shift) {
+  vf sum = vzero();
+  const vf s = vset(shift);
+  int64_t i = 0;
+  for (; i + kW <= len; i += kW) {
+    const vf e = vexp(vsub(vload(x + i), s));
+    vstore(x + i, e);
+    sum = vadd(sum, e);
   }
-#endif
-  std::fill(out, out + d, 0.f);
-  for (int64_t j = 0; j < len; ++j) {
-    if (w[j] == 0.f) continue;
-    const float* vj = v + j * d;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] += w[j] * vj[c];
+  if (i < len) {  // the missing lanes hold exp(-inf) = 0
+    const vf e = vexp(vsub(vload_part(x + i, len - i, -INFINITY), s));
+    vstore_part(x + i, e, len - i);
+    sum = vadd(sum, e);
+  }
+  return vhsum(sum);
+}
+
+// SiLU(gate) * up over len values
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t len) {
+  const vf one = vset(1.0f);
+  int64_t i = 0;
+  for (; i + kW <= len; i += kW) {
+    const vf g = vload(gate + i);
+    vstore(out + i, vmul(vdiv(g, vadd(one, vexp(vsub(vzero(), g)))), vload(up + i)));
+  }
+  if (i < len) {
+    const vf g = vload_part(gate + i, len - i, 0.f);
+    vstore_part(out + i, vmul(vdiv(g, vadd(one, vexp(vsub(vzero(), g)))), vload_part(up + i, len - i, 0.f)), len - i);
   }
 }
 
-#ifdef SPECREPRO_AVX512
-constexpr int kMaxQueries = 12;  // queries of one kv head per attention task
+// sum of x[i]^2, i < len, in lanes fixed by i
+inline float sum_squares(const float* x, int64_t len) {
+  vf acc = vzero();
+  int64_t i = 0;
+  for (; i + kW <= len; i += kW) {
+    const vf v = vload(x + i);
+    acc = vfma(v, v, acc);
+  }
+  if (i < len) {
+    const vf v = vload_part(x + i, len - i, 0.f);
+    acc = vfma(v, v, acc);
+  }
+  return vhsum(acc);
+}
 
-// out[r] = inv[r] * sum_j w[r * len + j] * vals[j], r < R, d = 16 * C: each value row loaded once for R queries
+// ---- Attention. A task is up to kMaxQueries queries that read one kv head: each key and value row is loaded
+// once for all of them. Key i of a task is the cache row at(i) (idx[i], or i itself when idx is null), i < len;
+// query r sees keys i < lim[r]. Query r's scores, softmax and weighted sum take the same steps for the same
+// keys whatever the other queries of its task are, so a token's attention does not depend on the pass.
+constexpr int kMaxQueries = 12;
+
+// scratch floats a task needs
+inline int64_t attend_scratch(int64_t len) { return kMaxQueries * (len + 4); }
+
+// out[r] = softmax(scores) . values for query r, given scores sc[r * len + i] (i < lim[r]); sc becomes the weights
 template <int C, int R>
-void weighted_sums(const float* w, int64_t len, const float* vals, const float* inv, float* const* out) {
-  constexpr int64_t d = 16 * C;
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < len; ++j) {
-    __m512 v[C];
-    for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(vals + j * d + 16 * c);
-    for (int r = 0; r < R; ++r) {
-      const __m512 e = _mm512_set1_ps(w[r * len + j]);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(e, v[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out[r] + 16 * c, _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inv[r])));
-}
-
-// Attention of nq <= kMaxQueries queries that read the same kv head, d = 16 * C: each key and value row is
-// loaded once for all of them (per query head, the loads alone outran the arithmetic). Query r sees keys
-// j < lim[r] that allowed[r] (if not null) allows; sc: scratch [nq, len], len = max lim.
-template <int C>
-void attend_shared(const float* const* q, const int64_t* lim, const bool* const* allowed, int nq, const float* keys,
-                   const float* vals, int64_t len, float scale, float* sc, float* const* out) {
-  constexpr int64_t d = 16 * C;
-  int64_t j = 0;
-  for (; j + 4 <= len; j += 4) {
-    __m512 k[4][C];
-    for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < C; ++c) k[i][c] = _mm512_loadu_ps(keys + (j + i) * d + 16 * c);
-    for (int r = 0; r < nq; ++r) {
-      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int c = 0; c < C; ++c) {
-        const __m512 qc = _mm512_loadu_ps(q[r] + 16 * c);
-        for (int i = 0; i < 4; ++i) a[i] = _mm512_fmadd_ps(qc, k[i][c], a[i]);
-      }
-      _mm_storeu_ps(sc + r * len + j, _mm_mul_ps(sum4(a[0], a[1], a[2], a[3]), _mm_set1_ps(scale)));
-    }
-  }
-  for (; j < len; ++j)
-    for (int r = 0; r < nq; ++r) sc[r * len + j] = dot(q[r], keys + j * d, d) * scale;
-  float inv[kMaxQueries];
-  for (int r = 0; r < nq; ++r) {  // softmax over what query r sees; every other weight 0
+void weighted_sums(float* sc, int64_t len, const int64_t* lim, const float* vals, const int32_t* idx, float* const* out) {
+  constexpr int64_t d = C * kW;
+  float inv[R];
+  int64_t most = 0;
+  for (int r = 0; r < R; ++r) {
     float* s = sc + r * len;
-    const int64_t seen = lim[r];
-    if (allowed[r])
-      for (int64_t jj = 0; jj < seen; ++jj) s[jj] = allowed[r][jj] ? s[jj] : -INFINITY;
     float top = -INFINITY;
-    for (int64_t jj = 0; jj < seen; ++jj) top = std::max(top, s[jj]);
-    if (top == -INFINITY) {  // sees no key (a bad tree mask): zeros
-      std::fill(s, s + len, 0.f);
-      inv[r] = 0.f;
-      continue;
-    }
-    inv[r] = 1.0f / exp_shifted(s, seen, top);
-    std::fill(s + seen, s + len, 0.f);
+    for (int64_t i = 0; i < lim[r]; ++i) top = std::max(top, s[i]);
+    inv[r] = lim[r] > 0 ? 1.0f / exp_shifted(s, lim[r], top) : 0.f;  // the top key's weight is 1: the sum >= 1
+    most = std::max(most, lim[r]);
   }
-  for (int r0 = 0; r0 < nq; r0 += 6) {  // weighted sums, six queries' accumulators (in registers) at a time
-    const int nr = std::min(6, nq - r0);
-    const float* w = sc + r0 * len;
-    float* const* o = out + r0;
+  vf acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  for (int64_t i = 0; i < most; ++i) {
+    const float* v = vals + (idx ? idx[i] : i) * d;
+    for (int r = 0; r < R; ++r) {
+      if (i >= lim[r]) continue;
+      const vf e = vset(sc[r * len + i]);
+      for (int c = 0; c < C; ++c) acc[r][c] = vfma(e, vload(v + c * kW), acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) vstore(out[r] + c * kW, vmul(acc[r][c], vset(inv[r])));
+}
+
+#if defined(SPECREPRO_AVX512)
+constexpr int kSumQueries = 6;  // queries whose value sums share the registers (6 x 4 accumulators at d = 64)
+#else
+constexpr int kSumQueries = 1;
+#endif
+
+template <int C>
+void attend(const float* const* q, const int64_t* lim, int nq, const float* keys, const float* vals,
+            const int32_t* idx, int64_t len, float scale, float* sc, float* const* out) {
+  constexpr int64_t d = C * kW;
+  // scores, four keys at a time; a short last block repeats its last key and stores only what it owns
+  for (int64_t j = 0; j < len; j += 4) {
+    const float* k[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t at = std::min(j + i, len - 1);
+      k[i] = keys + (idx ? idx[at] : at) * d;
+    }
+    constexpr bool held = 4 * C <= 16;  // the four keys stay in registers across the queries
+    vf kv[held ? 4 : 1][held ? C : 1];
+    if (held)
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < C; ++c) kv[i][c] = vload(k[i] + c * kW);
+    for (int r = 0; r < nq; ++r) {
+      if (j >= lim[r]) continue;
+      vf a[4] = {vzero(), vzero(), vzero(), vzero()};
+      for (int c = 0; c < C; ++c) {
+        const vf qc = vload(q[r] + c * kW);
+        for (int i = 0; i < 4; ++i) a[i] = vfma(qc, held ? kv[held ? i : 0][held ? c : 0] : vload(k[i] + c * kW), a[i]);
+      }
+      float s[4];
+      vsum4(a[0], a[1], a[2], a[3], scale, s);
+      std::memcpy(sc + r * len + j, s, std::min<int64_t>(4, len - j) * sizeof(float));
+    }
+  }
+  for (int r0 = 0; r0 < nq; r0 += kSumQueries) {
+    const int nr = std::min(kSumQueries, nq - r0);
+    float* w = sc + r0 * len;
     switch (nr) {
-      case 1: weighted_sums<C, 1>(w, len, vals, inv + r0, o); break;
-      case 2: weighted_sums<C, 2>(w, len, vals, inv + r0, o); break;
-      case 3: weighted_sums<C, 3>(w, len, vals, inv + r0, o); break;
-      case 4: weighted_sums<C, 4>(w, len, vals, inv + r0, o); break;
-      case 5: weighted_sums<C, 5>(w, len, vals, inv + r0, o); break;
-      default: weighted_sums<C, 6>(w, len, vals, inv + r0, o); break;
+#if defined(SPECREPRO_AVX512)
+      case 2: weighted_sums<C, 2>(w, len, lim + r0, vals, idx, out + r0); break;
+      case 3: weighted_sums<C, 3>(w, len, lim + r0, vals, idx, out + r0); break;
+      case 4: weighted_sums<C, 4>(w, len, lim + r0, vals, idx, out + r0); break;
+      case 5: weighted_sums<C, 5>(w, len, lim + r0, vals, idx, out + r0); break;
+      case 6: weighted_sums<C, 6>(w, len, lim + r0, vals, idx, out + r0); break;
+#endif
+      default: weighted_sums<C, 1>(w, len, lim + r0, vals, idx, out + r0); break;
     }
   }
 }
 
-using SharedFn = void (*)(const float* const*, const int64_t*, const bool* const*, int, const float*, const float*,
-                          int64_t, float, float*, float* const*);
-SharedFn shared_kernel(int64_t d) {
-  switch (d) {
-    case 16: return &attend_shared<1>;
-    case 32: return &attend_shared<2>;
-    case 48: return &attend_shared<3>;
-    case 64: return &attend_shared<4>;
+// the same for any head size d (not a multiple of kW, or larger than the kernels above take): plain loops
+void attend_any(const float* const* q, const int64_t* lim, int nq, const float* keys, const float* vals,
+                const int32_t* idx, int64_t len, int64_t d, float scale, float* sc, float* const* out) {
+  for (int r = 0; r < nq; ++r) {
+    float* s = sc + r * len;
+    float top = -INFINITY;
+    for (int64_t i = 0; i < lim[r]; ++i) {
+      const float* k = keys + (idx ? idx[i] : i) * d;
+      float dot = 0.f;
+      for (int64_t c = 0; c < d; ++c) dot += q[r][c] * k[c];
+      s[i] = dot * scale;
+      top = std::max(top, s[i]);
+    }
+    const float inv = lim[r] > 0 ? 1.0f / exp_shifted(s, lim[r], top) : 0.f;
+    float* o = out[r];
+    std::fill(o, o + d, 0.f);
+    for (int64_t i = 0; i < lim[r]; ++i) {
+      const float* v = vals + (idx ? idx[i] : i) * d;
+      for (int64_t c = 0; c < d; ++c) o[c] += s[i] * v[c];
+    }
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
+  }
+}
+
+using AttendFn = void (*)(const float* const*, const int64_t*, int, const float*, const float*, const int32_t*, int64_t,
+                          float, float*, float* const*);
+AttendFn attend_kernel(int64_t d) {
+  if (d % kW != 0) return nullptr;
+  switch (d / kW) {
+    case 1: return &attend<1>;
+    case 2: return &attend<2>;
+    case 3: return &attend<3>;
+    case 4: return &attend<4>;
+    case 6: return &attend<6>;
+    case 8: return &attend<8>;
+    case 16: return &attend<16>;
     default: return nullptr;
   }
 }
-#endif
+
 
 // The packed weights live in 2 MiB-aligned chunks the kernel is asked to back with huge pages
 // (madvise(MADV_HUGEPAGE): this project's machines run transparent huge pages in "madvise" mode): a pass streams
@@ -375,10 +478,14 @@ struct Packed {
   int64_t width() const { return blocks * kLanes; }  // row stride of the outputs
 };
 
-// y[m][16 b + j] = sum_k W[16 b + j][k] x[m][k] for NB blocks from `w` and MB rows of x (bfloat16 pairs).
+
+// y[m][16 b + j] = sum_k W[16 b + j][k] x[m][k] for NB blocks from `w` and MB rows of x: each output's sum runs
+// over k in order in one accumulator, whatever MB and NB are (the tile shape never changes a result). x comes
+// as bfloat16 pairs (xp, the AVX512-BF16 kernels) or as the same values widened to float32 (xf, the others).
 template <int MB, int NB>
-void tile(const uint32_t* w, int64_t kp, const uint32_t* x, int64_t ldx, float* y, int64_t ldy) {
+void tile(const uint32_t* w, int64_t kp, const uint32_t* xp, const float* xf, int64_t ldx, float* y, int64_t ldy) {
 #ifdef SPECREPRO_DPBF16
+  (void)xf;
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
@@ -389,32 +496,51 @@ void tile(const uint32_t* w, int64_t kp, const uint32_t* x, int64_t ldx, float* 
       wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * kp + k) * kLanes);
     }
     for (int m = 0; m < MB; ++m) {
-      __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * ldx + k]));
+      __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * ldx + k]));
       for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], wv[b], xv);
     }
   }
   for (int m = 0; m < MB; ++m)
     for (int b = 0; b < NB; ++b) _mm512_storeu_ps(y + m * ldy + b * kLanes, acc[m][b]);
 #else
-  float acc[MB][NB][kLanes] = {};
+  (void)xp;
+  constexpr int H = kLanes / kW;  // vectors per block
+  vf acc[MB][NB * H];
+  for (int m = 0; m < MB; ++m)
+    for (int b = 0; b < NB * H; ++b) acc[m][b] = vzero();
   for (int64_t k = 0; k < kp; ++k) {
-    for (int m = 0; m < MB; ++m) {
-      const uint32_t xp = x[m * ldx + k];
-      const float x0 = bits_to_float(xp << 16), x1 = bits_to_float(xp & 0xffff0000u);
-      for (int b = 0; b < NB; ++b) {
-        const uint32_t* wk = w + (b * kp + k) * kLanes;
-#pragma omp simd
-        for (int j = 0; j < kLanes; ++j)
-          acc[m][b][j] += bits_to_float(wk[j] << 16) * x0 + bits_to_float(wk[j] & 0xffff0000u) * x1;
+    for (int b = 0; b < NB; ++b) {
+      const uint32_t* wk = w + (b * kp + k) * kLanes;
+      if (MB > PF_ROWS) __builtin_prefetch(wk + PF_AHEAD * kLanes);
+      for (int h = 0; h < H; ++h) {
+        vf even, odd;
+        vbf16(wk + h * kW, even, odd);
+        for (int m = 0; m < MB; ++m) {
+          const float* x = xf + m * 2 * ldx + 2 * k;
+          acc[m][b * H + h] = vfma(odd, vset(x[1]), vfma(even, vset(x[0]), acc[m][b * H + h]));
+        }
       }
     }
   }
   for (int m = 0; m < MB; ++m)
-    for (int b = 0; b < NB; ++b) std::memcpy(y + m * ldy + b * kLanes, acc[m][b], sizeof(acc[m][b]));
+    for (int b = 0; b < NB * H; ++b) vstore(y + m * ldy + b * kW, acc[m][b]);
 #endif
 }
 
-using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t);
+using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, const float*, int64_t, float*, int64_t);
+
+// Rows per tile call and blocks per tile for a tile of `rows` rows: accumulators = rows x blocks x (16 / kW)
+// vectors, in registers (32 of AVX512's, 16 of AVX2's) with room for the weights and inputs.
+#if defined(SPECREPRO_AVX512)
+#ifndef WIDE_ROWS  // tiles of up to this many rows take four blocks (4 x 4 or, with 6, 6 x 4 accumulators)
+#define WIDE_ROWS 4
+#endif
+constexpr int kMaxRows = 12;
+inline int blocks_for(int rows) { return rows <= WIDE_ROWS ? 4 : 2; }
+#else
+constexpr int kMaxRows = 4;
+inline int blocks_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+#endif
 
 template <int NB, int... MB>
 constexpr std::array<TileFn, sizeof...(MB)> tiles(std::integer_sequence<int, MB...>) {
@@ -423,38 +549,38 @@ constexpr std::array<TileFn, sizeof...(MB)> tiles(std::integer_sequence<int, MB.
 
 const auto kTiles1 = tiles<1>(std::make_integer_sequence<int, kMaxRows>{});
 const auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMaxRows>{});
-const auto kTiles4 = tiles<4>(std::make_integer_sequence<int, 4>{});
+const auto kTiles4 = tiles<4>(std::make_integer_sequence<int, kMaxRows>{});
 
 TileFn pick(int rows, int nb) {
   if (nb == 4) return kTiles4[rows - 1];
   return nb == 2 ? kTiles2[rows - 1] : kTiles1[rows - 1];
 }
 
-// Y [rows, p.width()] = X W^T (+ bias), X as bfloat16 pairs [rows, ldx >= p.kp]
+// Y [rows, p.width()] = X W^T (+ bias), X as bfloat16 pairs [rows, ldx >= p.kp]. The threads split the outputs
+// (blocks of 16) in even contiguous ranges; each walks its range four blocks at a time, all rows per four.
 void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* y) {
   const auto* w = reinterpret_cast<const uint32_t*>(p.w.data_ptr<int32_t>());
-  const int64_t group = rows <= 4 ? 4 : 2;  // blocks per task: more independent accumulators for few rows
-  const int64_t groups = (p.blocks + group - 1) / group;
   const int64_t ldy = p.width();
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t b0 = g * group;
-      int64_t left = std::min(group, p.blocks - b0);
-      for (int64_t b = b0; left > 0;) {  // 4 or 2 blocks at a time, then the remainder one by one
-        const int nb = left >= group ? static_cast<int>(group) : 1;
-        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the group's weights stay in cache across rows
-          const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, rows - m0));
-          if (nb == 4 && mb <= 4) {
-            pick(mb, 4)(w + b * p.kp * kLanes, p.kp, x + m0 * ldx, ldx, y + m0 * ldy + b * kLanes, ldy);
-          } else if (nb == 4) {
-            pick(mb, 2)(w + b * p.kp * kLanes, p.kp, x + m0 * ldx, ldx, y + m0 * ldy + b * kLanes, ldy);
-            pick(mb, 2)(w + (b + 2) * p.kp * kLanes, p.kp, x + m0 * ldx, ldx, y + m0 * ldy + (b + 2) * kLanes, ldy);
-          } else {
-            pick(mb, nb)(w + b * p.kp * kLanes, p.kp, x + m0 * ldx, ldx, y + m0 * ldy + b * kLanes, ldy);
-          }
+  std::vector<float> wide;  // the kernels without bfloat16 products read the inputs as float32
+#ifndef SPECREPRO_DPBF16
+  wide.resize(rows * 2 * ldx);
+  for (int64_t i = 0; i < rows * ldx; ++i) {
+    wide[2 * i] = bits_to_float(x[i] << 16);
+    wide[2 * i + 1] = bits_to_float(x[i] & 0xffff0000u);
+  }
+#endif
+  const float* xf = wide.data();
+  at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b0 = first; b0 < last; b0 += 4) {
+      const int64_t b1 = std::min(b0 + 4, last);
+      for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the four blocks' weights stay in cache across rows
+        const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, rows - m0));
+        for (int64_t b = b0; b < b1;) {
+          int nb = blocks_for(mb);
+          while (nb > b1 - b) nb /= 2;
+          pick(mb, nb)(w + b * p.kp * kLanes, p.kp, x + m0 * ldx, xf + m0 * 2 * ldx, ldx, y + m0 * ldy + b * kLanes, ldy);
+          b += nb;
         }
-        b += nb;
-        left -= nb;
       }
     }
   });
@@ -479,11 +605,7 @@ void to_pairs(const float* src, int64_t rows, int64_t ld, int64_t k, uint32_t* d
 void rms_norm(const float* x, int64_t rows, int64_t h, const float* weight, float eps, float* out) {
   for (int64_t m = 0; m < rows; ++m) {
     const float* xm = x + m * h;
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < h; ++i) ss += xm[i] * xm[i];
-    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
-#pragma omp simd
+    const float scale = 1.0f / std::sqrt(sum_squares(xm, h) / static_cast<float>(h) + eps);
     for (int64_t i = 0; i < h; ++i) out[m * h + i] = weight[i] * (xm[i] * scale);
   }
 }
@@ -496,6 +618,99 @@ void rotate(float* v, const float* cos, const float* sin, int64_t d) {
     v[i] = a * cos[i] - b * sin[i];
     v[i + half] = b * cos[i + half] + a * sin[i + half];
   }
+}
+
+// The attention of one pass over n tokens (heads query heads reading kv_heads kv heads of size d): its tasks are
+// (kv head, up to kMaxQueries of its queries in token-major order). In a chain the query at token t sees cache
+// slots 0..start + t; in a tree (mask [n, start + n]) those its mask row allows, listed in slot order
+// (`visible`, `seen` of them per token), and a task then holds the queries of one token only.
+class Attention {
+ public:
+  Attention(int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t start, const bool* mask)
+      : n_(n), group_(heads / kv_heads), d_(d), start_(start), end_(start + n), tree_(mask != nullptr),
+        kernel_(attend_kernel(d)) {
+    const int64_t per_task = tree_ ? std::min<int64_t>(group_, kMaxQueries) : kMaxQueries;
+    for (int64_t g = 0; g < kv_heads; ++g)
+      for (int64_t first = 0; first < n * group_;) {
+        const int64_t stop = tree_ ? (first / group_ + 1) * group_ : n * group_;
+        const int nq = static_cast<int>(std::min(per_task, stop - first));
+        tasks_.push_back(Task{g, first, nq});
+        first += nq;
+      }
+    if (tree_) {
+      visible_.resize(n * end_);
+      seen_.assign(n, 0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < end_; ++j)
+          if (mask[t * end_ + j]) visible_[t * end_ + seen_[t]++] = static_cast<int32_t>(j);
+    }
+  }
+
+  // out rows [n, heads * d] (stride ldo) from query rows qs (stride ldq, heads * d used) and the cache rows of
+  // the kv heads, keys and vals [kv_heads, capacity, d]
+  void run(const float* qs, int64_t ldq, float* os, int64_t ldo, const float* keys, const float* vals,
+           int64_t capacity) const {
+    const int64_t d = d_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    at::parallel_for(0, static_cast<int64_t>(tasks_.size()), 1, [&](int64_t i0, int64_t i1) {
+      thread_local std::vector<float> scratch;
+      for (int64_t i = i0; i < i1; ++i) {
+        const Task& task = tasks_[i];
+        const float* qp[kMaxQueries];
+        float* op[kMaxQueries];
+        int64_t lim[kMaxQueries], len = 0;
+        for (int r = 0; r < task.nq; ++r) {
+          const int64_t t = (task.first + r) / group_, hh = task.g * group_ + (task.first + r) % group_;
+          qp[r] = qs + t * ldq + hh * d;
+          op[r] = os + t * ldo + hh * d;
+          lim[r] = tree_ ? seen_[t] : start_ + t + 1;
+          len = std::max(len, lim[r]);
+        }
+        const int32_t* idx = tree_ ? visible_.data() + (task.first / group_) * end_ : nullptr;
+        if (static_cast<int64_t>(scratch.size()) < attend_scratch(len)) scratch.resize(attend_scratch(len));
+        const float* k = keys + task.g * capacity * d;
+        const float* v = vals + task.g * capacity * d;
+        if (kernel_)
+          kernel_(qp, lim, task.nq, k, v, idx, len, scale, scratch.data(), op);
+        else
+          attend_any(qp, lim, task.nq, k, v, idx, len, d, scale, scratch.data(), op);
+      }
+    });
+  }
+
+ private:
+  struct Task {
+    int64_t g, first;
+    int nq;
+  };
+  int64_t n_, group_, d_, start_, end_;
+  bool tree_;
+  AttendFn kernel_;
+  std::vector<Task> tasks_;
+  std::vector<int32_t> visible_;
+  std::vector<int64_t> seen_;
+};
+
+// Attention alone, for tests: q [n, heads, d], keys and vals [kv_heads, capacity, d] float32; as in a pass at
+// cache length `start` (mask: a tree's [n, start + n], or None: causal). Returns [n, heads, d].
+at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& vals, int64_t start,
+                     const std::optional<at::Tensor>& mask) {
+  TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && vals.sizes() == keys.sizes() && q.size(2) == keys.size(2),
+              "attention takes q [n, heads, d] and keys, vals [kv_heads, capacity, d]");
+  const int64_t n = q.size(0), heads = q.size(1), kv_heads = keys.size(0), d = q.size(2);
+  TORCH_CHECK(heads % kv_heads == 0, heads, " query heads do not group over ", kv_heads, " kv heads");
+  TORCH_CHECK(start >= 0 && start + n <= keys.size(1), "positions ", start, "..", start + n, " exceed the cache");
+  at::Tensor qc = q.to(at::kFloat).contiguous(), kc = keys.to(at::kFloat).contiguous(), vc = vals.to(at::kFloat).contiguous();
+  at::Tensor mc;
+  if (mask.has_value()) {
+    mc = mask->to(at::kBool).contiguous();
+    TORCH_CHECK(mc.dim() == 2 && mc.size(0) == n && mc.size(1) == start + n, "mask must be [n, start + n]");
+  }
+  at::Tensor out = at::empty({n, heads, d}, at::kFloat);
+  const Attention plan(n, heads, kv_heads, d, start, mask.has_value() ? mc.data_ptr<bool>() : nullptr);
+  plan.run(qc.data_ptr<float>(), heads * d, out.data_ptr<float>(), heads * d, kc.data_ptr<float>(),
+           vc.data_ptr<float>(), kc.size(1));
+  return out;
 }
 
 struct Layer {
@@ -536,7 +751,7 @@ class Model {
                                              const at::Tensor& sin, const std::optional<at::Tensor>& mask,
                                              at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
     const int64_t n = ids.numel(), h = hidden_, d = head_dim_, end = start + n;
-    const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d, group = heads_ / kv_heads_;
+    const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d;
     TORCH_CHECK(n >= 1, "no tokens to run");
     TORCH_CHECK(static_cast<int64_t>(layers_.size()) == k_cache.size(0), "cache has ", k_cache.size(0),
                 " layers, the model ", layers_.size());
@@ -570,13 +785,12 @@ class Model {
     at::Tensor normed = at::empty({n, h}, f32), pairs = at::empty({n, kp_max}, f32.dtype(at::kInt));
     at::Tensor qkv = at::empty({n, l0.qkv.width()}, f32), proj = at::empty({n, std::max(l0.o.width(), l0.down.width())}, f32);
     at::Tensor gu = at::empty({n, l0.gate_up.width()}, f32), act = at::empty({n, inter}, f32);
-    // attention scratch: a row per (token, head), or kMaxQueries rows per shared-kv task (at most n * heads of them)
-    at::Tensor attn = at::empty({n, q_width}, f32), scores = at::empty({n * heads_ + 16 * kv_heads_, end}, f32);
+    at::Tensor attn = at::empty({n, q_width}, f32);
     float *hn = normed.data_ptr<float>(), *qs = qkv.data_ptr<float>(), *ps = proj.data_ptr<float>();
     float *gs = gu.data_ptr<float>(), *as = act.data_ptr<float>(), *os = attn.data_ptr<float>();
-    float* ss = scores.data_ptr<float>();
     auto* xp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+    const Attention attention(n, heads_, kv_heads_, d, start, mask_data);
 
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
@@ -597,59 +811,7 @@ class Model {
           std::memcpy(vl + (g * capacity + start + t) * d, row + q_width + kv_width + g * d, d * sizeof(float));
         }
       }
-#ifdef SPECREPRO_AVX512
-      if (SharedFn kernel = shared_kernel(d)) {  // tasks: (kv head, up to kMaxQueries of its queries)
-        const int64_t per_head = n * group, chunks = (per_head + kMaxQueries - 1) / kMaxQueries;
-        at::parallel_for(0, kv_heads_ * chunks, 1, [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t g = i / chunks, first = (i % chunks) * kMaxQueries;
-            const int nq = static_cast<int>(std::min<int64_t>(kMaxQueries, per_head - first));
-            const float* qp[kMaxQueries];
-            float* op[kMaxQueries];
-            const bool* ap[kMaxQueries];
-            int64_t lim[kMaxQueries], len = 0;
-            for (int r = 0; r < nq; ++r) {  // query (token t, head g * group + r') in token-major order
-              const int64_t t = (first + r) / group, hh = g * group + (first + r) % group;
-              qp[r] = qs + t * ldq + hh * d;
-              op[r] = os + t * q_width + hh * d;
-              ap[r] = mask_data ? mask_data + t * end : nullptr;
-              lim[r] = mask_data ? end : start + t + 1;
-              len = std::max(len, lim[r]);
-            }
-            kernel(qp, lim, ap, nq, kl + g * capacity * d, vl + g * capacity * d, len, scale,
-                   ss + i * kMaxQueries * end, op);
-          }
-        });
-      } else
-#endif
-      {
-        at::parallel_for(0, n * heads_, 1, [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / heads_, hh = i % heads_, g = hh / group;
-            const float* qv = qs + t * ldq + hh * d;
-            const float* keys = kl + g * capacity * d;
-            const float* vals = vl + g * capacity * d;
-            float* sc = ss + i * end;
-            const bool* allowed = mask_data ? mask_data + t * end : nullptr;
-            const int64_t last = allowed ? end : start + t + 1;  // causal: keys 0..start + t
-            attention_scores(qv, keys, last, d, scale, sc);
-            if (allowed)  // a key the tree hides gets no weight (its score is not used)
-              for (int64_t j = 0; j < last; ++j) sc[j] = allowed[j] ? sc[j] : -INFINITY;
-            float top = -INFINITY;
-            for (int64_t j = 0; j < last; ++j) top = std::max(top, sc[j]);
-            float* out = os + t * q_width + hh * d;
-            if (top == -INFINITY) {  // a row that sees no key (a bad tree mask) gives zeros
-              std::fill(out, out + d, 0.f);
-              continue;
-            }
-            const float total = exp_shifted(sc, last, top);  // hidden keys: exp(-inf) = 0
-            weighted_sum(sc, vals, last, d, out);
-            const float inv = 1.0f / total;  // total >= 1: the top key's weight is exp(0)
-#pragma omp simd
-            for (int64_t c = 0; c < d; ++c) out[c] *= inv;
-          }
-        });
-      }
+      attention.run(qs, ldq, os, q_width, kl, vl, capacity);
       to_pairs(os, n, q_width, q_width, xp, L.o.kp);
       gemv(L.o, xp, n, L.o.kp, ps);
       for (int64_t t = 0; t < n; ++t)
@@ -711,6 +873,8 @@ const char* simd() {
   return "avx512_bf16";
 #elif defined(SPECREPRO_AVX512)
   return "avx512";
+#elif defined(SPECREPRO_AVX2)
+  return "avx2";
 #else
   return "portable";
 #endif
@@ -730,5 +894,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_head", &Model::set_head)
       .def("forward", &Model::forward, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+  m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);
 }

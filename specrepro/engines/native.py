@@ -7,8 +7,8 @@ row stream the weights at about half the memory bandwidth, and ~300 small torch 
 dispatch cost. No library we can install
 has a kernel for "a few bfloat16 rows times a weight matrix at memory speed" with torch's tensors (oneDNN is
 the one torch offers; llama.cpp's ggml is the peer we measure against and holds its own copy of the model),
-so this module compiles one: weights packed once for AVX512-BF16's dot product (or a portable loop the
-compiler vectorises for AVX2), a pass whose norms, RoPE, cache writes, attention and SiLU run in place
+so this module compiles one: weights packed once for AVX512-BF16's dot product (AVX2 + FMA or portable kernels
+on other CPUs), a pass whose norms, RoPE, cache writes, attention and SiLU run in place
 between the products, and threads from torch's own pool (torch.set_num_threads applies).
 
 It is built on first use with torch.utils.cpp_extension (g++, ninja; -O3 -march=native, so for the CPU it
@@ -19,7 +19,9 @@ from `unavailable_reason` and the lean runner's other backends.
 Numbers: bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
 rounds them); float32 accumulation, residual stream, norms, RoPE, attention and SiLU. The same weights as
 the bfloat16 lean runner, more precise between the products; logits agree with it within bfloat16
-round-off (tests/engines/test_native.py). Use it through `LeanRunner(model, dtype=torch.bfloat16,
+round-off (tests/engines/test_native.py). Batch-invariant: a token's logits are the same bits whatever else
+shares its pass and whichever pass wrote its cache entries (native.cpp says how; tests/engines/
+test_native_invariance.py), so greedy SpS equals greedy ArS on it. Use it through `LeanRunner(model, dtype=torch.bfloat16,
 backend="native")`, which `specrepro.tune` measures beside the other backends.
 """
 from __future__ import annotations
@@ -35,7 +37,10 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native.cpp")
-MAX_ROWS = 64  # passes over more tokens (prompts) run through the lean runner's torch block
+# -ffp-contract=off: a multiply and an add stay two roundings everywhere, so that the same steps give the same
+# bits in every copy of an inlined loop (the pass's batch invariance rests on it)
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+MAX_ROWS = 64  # rows per native call: the lean runner feeds longer passes (prompts) block by block
 LANES = 16  # outputs per packed block (native.cpp: kLanes)
 
 _lock = threading.Lock()
@@ -54,15 +59,15 @@ def _cpu_flags() -> str:
 
 
 def extra_flags() -> list[str]:
-    """$SPECREPRO_NATIVE_CFLAGS, after -march=native: e.g. "-mno-avx512f" builds the portable kernels that a
-    CPU without AVX512 runs (the tests check them that way on an AVX512 machine)."""
+    """$SPECREPRO_NATIVE_CFLAGS, after -march=native: e.g. "-mno-avx512f" builds the AVX2 kernels that a CPU
+    without AVX512 runs (the tests check them that way on an AVX512 machine)."""
     return os.environ.get("SPECREPRO_NATIVE_CFLAGS", "").split()
 
 
 def build_key() -> str:
     """What the compiled module depends on: the source, torch, Python, the CPU (-march=native) and extra flags."""
     ident = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, platform.machine(), _cpu_flags(),
-                        " ".join(extra_flags())])
+                        " ".join(FLAGS + extra_flags())])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
@@ -98,7 +103,7 @@ def _build():
     start = time.perf_counter()
     module = cpp_extension.load(
         name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-        extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
+        extra_cflags=[*FLAGS, "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
     )
     _state["seconds"] = time.perf_counter() - start
     return module
@@ -115,11 +120,12 @@ def describe() -> dict | None:
     if "module" not in _state:
         return None
     return {"simd": _state["module"].simd(), "build_seconds": _state.get("seconds"),
-            "flags": ["-O3", "-march=native", *extra_flags()]}
+            "flags": [*FLAGS, *extra_flags()]}
 
 
 def simd() -> str:
-    """Which kernels were compiled: "avx512_bf16", "avx512" (products portable) or "portable"."""
+    """Which kernels were compiled: "avx512_bf16", "avx512" (AVX512F without bfloat16 products), "avx2" (AVX2 +
+    FMA) or "portable"."""
     return load().simd()
 
 
@@ -159,6 +165,12 @@ def pack(weights, biases=None):
 def linear(x: torch.Tensor, packed) -> torch.Tensor:
     """x [rows, in] @ W^T through the native kernel (float32 out); for tests and profiles."""
     return load().linear(x, packed)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, mask=None) -> torch.Tensor:
+    """The pass's attention alone, for tests: q [n, heads, d] of tokens at cache slots start..start + n, keys and
+    values [kv_heads, capacity, d] (float32); mask [n, start + n] bool for a tree, None for causal."""
+    return load().attention(q, keys, values, start, mask)
 
 
 def build_model(runner):
