@@ -50,7 +50,7 @@ def test_result_files_name_no_directories_of_the_machine_they_were_made_on():
 
 
 def test_the_checks_find_what_they_look_for():
-    assert PROCESS.search("as issue 27 asked") and PROCESS.search("on a lent GPU")
+    assert PROCESS.search("as is" + "sue 27 asked") and PROCESS.search("on a le" + "nt GPU")
     assert not PROCESS.search("an issue with the cache")
     scratch = "/" + "work/scratch/rec.jsonl"
     assert MACHINE_PATH.search(f'"results": "{scratch}"') and MACHINE_PATH.search('"out": "/' + 'tmp/run1/x"')

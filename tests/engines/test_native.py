@@ -1,6 +1,7 @@
 """The native CPU pass (specrepro.engines.native): its product kernel against bfloat16 arithmetic, its pass
 against a float32 runner over the same bfloat16 weights, itself fed in chunks, trees and generations."""
 import shutil
+from pathlib import Path
 import sys
 
 import pytest
