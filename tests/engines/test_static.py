@@ -309,3 +309,13 @@ def test_a_failed_capture_is_an_error_when_strict(monkeypatch):
     with pytest.warns(GraphFallbackWarning, match="now runs uncaptured"):
         runner.forward(torch.tensor([1]))
     assert runner.graphs == "none"
+
+
+def test_tune_offers_compiled_graphs_only_when_asked(monkeypatch):
+    from specrepro.tuning import tune as tuning
+
+    monkeypatch.setattr(tuning, "_device", lambda target: torch.device("cuda"))  # the CUDA branch, on a CPU
+    plain = tuning.candidate_settings(llama(), ["bfloat16"], ["eager"], [1, 2], False)
+    asked = tuning.candidate_settings(llama(), ["bfloat16"], ["eager"], [1, 2], True)
+    assert [c.graphs for c in plain] == ["", "cuda"]
+    assert sorted(c.graphs for c in asked if c.graphs) == ["compile", "cuda"]
