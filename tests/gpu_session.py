@@ -145,7 +145,7 @@ def stage_env(args) -> dict:
 def carried() -> dict:
     """What tests/gpu_carry.sh put beside the tree (the paths are relative to the repository root)."""
     found = {}
-    for name in ("site", "smollm2-135m-instruct", "weights"):
+    for name in ("site", "weights-1", "weights-2"):
         p = CARRY / name
         if p.exists():
             found[name] = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
@@ -206,18 +206,21 @@ def build(shape: str, device, dtype, tiny: bool, seed: int = 0):
 
 
 def real_target(device, dtype):
-    """The real SmolLM2-135M from the two-call transfer (docs/gpu.md), or None."""
-    parts = sorted((CARRY / "weights").glob("*.gguf.part*")) if (CARRY / "weights").is_dir() else []
-    if not parts:
+    """The real SmolLM2-135M from the two-call transfer (docs/gpu.md): the GGUF's two halves in
+    .gpu-carry/weights-1 and .gpu-carry/weights-2, joined here; None when they are not both present."""
+    parts = sorted(CARRY.glob("weights-*/*.gguf.part*"), key=lambda p: p.name)
+    if len(parts) < 2:
         return None
     from transformers import AutoModelForCausalLM
 
-    gguf = CARRY / "weights" / parts[0].name.split(".part")[0]
+    folder = CARRY / "weights"
+    folder.mkdir(exist_ok=True)
+    gguf = folder / parts[0].name.split(".part")[0]
     if not gguf.exists():
         with open(gguf, "wb") as out:
             for p in parts:
                 out.write(p.read_bytes())
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=dtype)
     return model.to(device).eval()
 
 
@@ -261,9 +264,15 @@ def stage_headline(args, device):
     out = {"weights": weights, "dtype": str(dtype), "graphs": runner.graphs, "new_tokens": n_new, "prompt_lengths":
            list(lengths), "capture_seconds": round(capture_s, 2)}
 
+    from transformers import GenerationConfig
+
+    # max_cache_len where this transformers has it; else the longest-prompt warm-up sizes HF's cache
+    sized = {"max_cache_len": capacity} if hasattr(GenerationConfig(), "max_cache_len") else {}
+    out["hf_max_cache_len"] = bool(sized)
+
     def hf(ids):
         kw = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0,
-                  cache_implementation="static", max_cache_len=capacity)
+                  cache_implementation="static", **sized)
         return model.generate(ids.view(1, -1), **kw)[0, ids.shape[0]:]
 
     from torch._dynamo.utils import counters
