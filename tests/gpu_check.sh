@@ -16,7 +16,7 @@
 #      config and tokenizer in MODEL_DIR, bfloat16: ArS/SpS on the HF and lean runners beside HF generate and
 #      assisted generation, and the cost of one pass over 1..65 tokens. Random weights make tau meaningless:
 #      read the pass costs and plain-decoding speed only;
-#   4. the headline (issue 27's targets) on the REAL offline target with the shipped drafts: tests/gpu_bench.py
+#   4. the headline on the REAL offline target with the shipped drafts: tests/gpu_bench.py
 #      (HF generate eager and with a static cache, our ArS on the eager and graph runners, SpS with every
 #      draft, chain K = 2, 4, 8 and a 4x6/32 tree, greedy and T = 1, held-out news and HumanEval prompts,
 #      paired ratios with CIs; v(K) per runner and c per draft) -> $OUT/headline/headline.{md,json}.
