@@ -12,7 +12,7 @@ H200, and its numbers) and gpu-check.tar.gz (each stage's JSON and log). Stages,
 - versions: torch, CUDA, transformers, the GPU, the commit;
 - headline: our captured ArS (StaticRunner, CUDA graphs) against HF `generate(cache_implementation="static")`
   with `max_cache_len` fixed (so HF compiles its decode step once, not once per prompt length), ms/token on
-  prompts of several lengths; v(K) of the captured runner; host syncs per token (torch.cuda sync debug mode);
+  prompts of several lengths; v(K) of the captured runner; host syncs per token (torch.cuda sync debug mode) for ArS and for SpS with a small draft;
 - costs: c (a draft step over a one-token target pass, both captured) of each draft kind (feature, heads,
   small, truncated:4, a whole smaller model) at the SmolLM2-135M, SmolLM2-1.7B and a Qwen2.5-7B shape
   beside its Qwen2.5-0.5B draft, random weights: the numbers that choose the gpu profile's pair;
@@ -240,8 +240,6 @@ def timed(fn, device, reps):
 
 
 def stage_headline(args, device):
-    import warnings
-
     import torch
 
     import specrepro as sr
@@ -296,23 +294,41 @@ def stage_headline(args, device):
     costs = measure_cost_table({"static": (runner, None)}, prompts[0][:4], range(1, 9), reps=5,
                                extra_sizes=[16, 33, 65])["static"]
     out["target_ms"], out["v"] = costs["target_ms"], costs["v"]
-    if device.type == "cuda":  # host synchronisations per generated token, as torch's sync debug mode sees them
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                gen = sr.autoregressive_generate(runner, prompts[0], max_new_tokens=n_new, temperature=0)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message).lower()]
-        out["syncs_per_token"] = len(syncs) / len(gen.tokens)
-        out["sync_examples"] = sorted(set(syncs))[:5]
-    else:
-        out["syncs_per_token"] = None  # torch.cuda's sync debug mode needs a GPU
+    # host synchronisations, as torch's CUDA sync debug mode sees them (None off CUDA): ArS per token, SpS with a
+    # small model draft per target call (each round must read its accepted count once)
+    from specrepro.drafts import SmallDraft
+
+    draft = SmallDraft.from_config(model, {"hidden": 32, "head_dim": 8, "ffn": 64} if tiny else {})
+    n_ars, gen = count_syncs(lambda: sr.autoregressive_generate(runner, prompts[0], max_new_tokens=n_new,
+                                                                temperature=0), device)
+    out["syncs_per_token_ars"] = None if n_ars is None else len(n_ars) / len(gen.tokens)
+    n_sps, gen = count_syncs(lambda: sr.speculative_generate(runner, draft, prompts[0], max_new_tokens=n_new,
+                                                             lookahead=4, temperature=0), device)
+    out["syncs_per_target_call_sps"] = None if n_sps is None else len(n_sps) / gen.target_calls
+    out["sync_examples"] = sorted(set((n_ars or []) + (n_sps or [])))[:8]
     out["captures_after_timing"] = runner.captures
     if runner.graphs != ("cuda" if device.type == "cuda" else "none"):
         out.update(status="failed", reason=f"the runner fell back to graphs={runner.graphs!r}")
     return out
+
+
+def count_syncs(fn, device):
+    """(the sync warnings torch.cuda.set_sync_debug_mode("warn") raised while fn ran, or None off CUDA;
+    fn's result)."""
+    import warnings
+
+    import torch
+
+    if device.type != "cuda":
+        return None, fn()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message)[:200] for w in seen if "synchroniz" in str(w.message).lower()], result
 
 
 def stage_costs(args, device):
