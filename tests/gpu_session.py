@@ -335,6 +335,7 @@ def stage_costs(args, device):
     import torch
 
     from specrepro.drafts import FeatureDraft, HeadsDraft, ModelDraft, SmallDraft, TruncatedDraft
+    from specrepro.drafts.small import init_small
     from specrepro.engines.static import StaticRunner
     from specrepro.tuning.costs import measure_cost_table
 
@@ -348,10 +349,17 @@ def stage_costs(args, device):
         vocab = target.config.vocab_size
         head_vocab = min(16384, vocab)
         runner = StaticRunner(target, dtype=dtype, capacity=256)
+        def in_dtype(draft):  # as specrepro.drafts.trainer.load casts a trained net: the target's dtype
+            draft.net.to(dtype)
+            draft.net.attach(target, dtype)
+            return draft
+
         drafts = {
-            "feature": lambda: FeatureDraft.init_for(target, {"head_vocab": head_vocab, "ffn": 4 * 64 if tiny else 1536}),
-            "heads": lambda: HeadsDraft.init_for(target, {"head_vocab": head_vocab}),
-            "small": lambda: SmallDraft.from_config(target, {"hidden": 32, "head_dim": 8, "ffn": 64} if tiny else {}),
+            "feature": lambda: in_dtype(FeatureDraft.init_for(target, {"head_vocab": head_vocab,
+                                                                       "ffn": 256 if tiny else 1536})),
+            "heads": lambda: in_dtype(HeadsDraft.init_for(target, {"head_vocab": head_vocab})),
+            "small": lambda: SmallDraft(init_small(target, {"hidden": 32, "head_dim": 8, "ffn": 64} if tiny else {})
+                                        .to(device=device, dtype=dtype).eval()),
             "truncated:4": lambda: TruncatedDraft(target, n_layers=min(4, target.config.num_hidden_layers - 1)),
         }
         if MODEL_DRAFT[shape]:
