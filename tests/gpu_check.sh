@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# GPU checks, for a machine with a CUDA GPU (make gpu-check). Never part of `make test` or CI.
+# The long GPU checks, for a CUDA machine with specrepro installed (its console scripts beside $PY) and the
+# offline target converted. On a short GPU lease of a bare image use tests/gpu_session.sh instead (make
+# gpu-check): one command, per-stage timeouts, no install; it calls this script's notebook stage where
+# papermill is installed. Never part of `make test` or CI.
 #
 #   0. what runs where: GPU, driver, torch/CUDA/transformers versions, the commit -> $OUT/versions.txt
 #   1. the CUDA tests with SPECREPRO_REQUIRE_CUDA=1 (a missing GPU fails them, nothing is skipped):
@@ -41,7 +44,7 @@ else
   HEAD_KS=${HEAD_KS:-2,4,8}; HEAD_TREES=${HEAD_TREES:-4x6/32}; HEAD_DTYPE=bfloat16
   export SPECREPRO_REQUIRE_CUDA=1
 fi
-export PYTHONUNBUFFERED=1 MPLBACKEND=agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 MPLBACKEND=agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" SPECREPRO_STRICT_GRAPHS=1
 mkdir -p "$OUT"
 : > "$OUT/stages.txt"
 MODEL_DIR=${MODEL_DIR:-$($PY -c 'import specrepro as sr; print(sr.specrepro_home() / "models" / "smollm2-135m-instruct")')}
@@ -73,14 +76,8 @@ fi
 
 if stage 1 "CUDA tests"; then
   t=$SECONDS
-  # specrepro's HF runner needs transformers >= 5.24 (the `cache=` forward argument); on an older one (a GPU
-  # image's own) only the other runners' cases run
-  if $PY -c 'import sys, transformers; from packaging.version import Version as V; sys.exit(V(transformers.__version__) < V("5.24"))'; then
-    select=cuda; RUNNERS=${RUNNERS:-hf,lean}
-  else
-    echo "transformers is older than specrepro's 5.24: the HF runner's cases are left out"
-    select="cuda and not hf"; RUNNERS=lean
-  fi
+  # the HF runner passes its cache as `past_key_values=` on transformers < 5.24: its cases run everywhere
+  select=cuda; RUNNERS=${RUNNERS:-hf,lean}
   [ "$DEVICE" = cpu ] && static_k="not sampled" || static_k=""
   $PY -m pytest -q -p no:cacheprovider tests/engines/test_devices.py -k "$select" -rs 2>&1 | tee "$OUT/pytest-cuda.log"
   rc=${PIPESTATUS[0]}

@@ -11,6 +11,7 @@ import contextlib
 from typing import Protocol, runtime_checkable
 
 import torch
+import transformers
 from transformers import DynamicCache
 
 
@@ -69,10 +70,22 @@ def hidden_kept(runner: Runner, wanted: bool):
         runner.keep_hidden = before
 
 
-class HFRunner:
-    """Any Hugging Face causal LM with a DynamicCache; a rollback crops the cache (no recomputation)."""
+def cache_argument(version: str | None = None) -> str:
+    """The forward keyword that takes the KV cache: `cache` from transformers 5.24, `past_key_values` before
+    (a GPU image's own transformers may be older than the one specrepro is developed against)."""
+    from packaging.version import Version
 
-    def __init__(self, model: torch.nn.Module, keep_hidden: bool = False):
+    return "cache" if Version(version or transformers.__version__) >= Version("5.24") else "past_key_values"
+
+
+class HFRunner:
+    """Any Hugging Face causal LM with a DynamicCache; a rollback crops the cache (no recomputation).
+    cache_arg: the forward keyword for the cache (default: what the installed transformers takes)."""
+
+    def __init__(self, model: torch.nn.Module, keep_hidden: bool = False, cache_arg: str | None = None):
+        if cache_arg not in (None, "cache", "past_key_values"):
+            raise ValueError(f"cache_arg must be 'cache' or 'past_key_values', got {cache_arg!r}")
+        self.cache_arg = cache_arg or cache_argument()
         self.model = model
         self.keep_hidden = keep_hidden
         self.device = input_device(model)
@@ -129,12 +142,13 @@ class HFRunner:
         if positions is None:
             positions = torch.arange(self.length, self.length + n, device=self.device).view(1, n)
         self.length += n
-        extra = {} if mask is None else {"attention_mask": mask}
+        extra = {self.cache_arg: self.cache}
+        if mask is not None:
+            extra["attention_mask"] = mask
         if not (self.keep_hidden or not head):
-            return self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **extra).logits
+            return self.model(input_ids=ids, position_ids=positions, use_cache=True, **extra).logits
         # the base model alone: the normed last hidden state feeds feature drafts, the head is optional
-        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True,
-                                       **extra)
+        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, use_cache=True, **extra)
         self.hidden = out.last_hidden_state[0] if self.keep_hidden else None
         return self.model.get_output_embeddings()(out.last_hidden_state) if head else None
 

@@ -19,16 +19,30 @@ What makes every shape static:
 The cache grows (a copy, and the graphs are captured again) only when a sequence outgrows `capacity`:
 give the capacity you need (prompt + new tokens + the largest block) to pay capture once per process.
 
-graphs: "cuda" (torch.cuda.CUDAGraph, captured per bucket on first use), "compile" (torch.compile with
-mode="reduce-overhead", which also captures CUDA graphs, after inductor's fusion), or "none" (the same
-static-shape code run eagerly: what runs on a CPU, and what the tests compare with the eager LeanRunner).
-"auto" is "cuda" on a CUDA device and "none" elsewhere; `specrepro.tune` measures the choices on a GPU.
+graphs: "cuda" (torch.cuda.CUDAGraph, captured per bucket on first use), "compile" (the pass compiled by
+torch.compile, default mode, fullgraph, static shapes, then captured the same way by torch.cuda.CUDAGraph),
+or "none" (the same static-shape code run eagerly: what runs on a CPU, and what the tests compare with the
+eager LeanRunner). "auto" is "cuda" on a CUDA device and "none" elsewhere; `specrepro.tune` measures the
+choices on a GPU when asked to compile.
+
+Why plain CUDAGraph capture for "compile" too, not mode="reduce-overhead": CUDA-graph trees copy every input
+that is not marked static into their own buffers on each replay, and the weights, the cache, the RoPE tables
+and the slot index are all inputs here (3.4 GB per pass at the 1.7B shape). A graph captured over the
+runner's own buffers reads them where they are; only the four step inputs (ids, positions, slots, mask) are
+written before a replay, and they are static buffers too. Every runner calls one compiled function
+(`compiled_block`) with its tensors as arguments, so runners of the same shape share its Dynamo entries; the
+recompile limit is raised to cover every bucket of several shapes (`size_recompile_limit`). On a CPU,
+graphs="compile" with `compile_backend="aot_eager"` (or "inductor") runs the compiled pass uncaptured:
+the tests use it to show that no bucket recompiles once compiled.
+A capture that fails is an error where SPECREPRO_STRICT_GRAPHS=1 (the GPU check), otherwise a
+GraphFallbackWarning and the runner goes on uncaptured.
 
 Host synchronisations: none inside forward/forward_tree/rollback; `compact` with a CPU `keep` finds the
 first moved slot on the host (no device sync), with a device `keep` it moves every kept slot on the device.
 """
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -39,6 +53,33 @@ from .lean import LeanRunner, attend, heads_qkv, mlp, rms_norm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 GRAPH_MODES = ("auto", "cuda", "compile", "none")
+SHAPES_PER_PROCESS = 4  # model shapes (target, draft, ...) x capacities the recompile limit leaves room for
+
+
+class GraphFallbackWarning(RuntimeWarning):
+    """A graph capture failed and the runner went on uncaptured (an error under SPECREPRO_STRICT_GRAPHS=1)."""
+
+
+_COMPILED: dict = {}
+
+
+def compiled_block(backend="inductor"):
+    """static_block compiled once per backend (fullgraph, static shapes), shared by every runner."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = torch.compile(static_block, backend=backend, fullgraph=True, dynamic=False)
+    return _COMPILED[backend]
+
+
+def size_recompile_limit(buckets: tuple[int, ...]) -> int:
+    """Raise Dynamo's per-function recompile limit to one entry per bucket (and tree size) for
+    SHAPES_PER_PROCESS shapes; returns the limit now set."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    needed = SHAPES_PER_PROCESS * (len(buckets) + 4)
+    setattr(config, name, max(getattr(config, name), needed))
+    if hasattr(config, "accumulated_recompile_limit"):
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * needed)
+    return getattr(config, name)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
@@ -54,7 +95,8 @@ class StaticRunner(LeanRunner):
     with static shapes; see the module docstring. Logits come back float32 [n, V], as from every runner.
 
     capacity: cache positions (default min(context window, 2048)); buckets: padded block sizes;
-    graphs: "auto" | "cuda" | "compile" | "none"; backend: linear layers as in LeanRunner ("eager" on CUDA).
+    graphs: "auto" | "cuda" | "compile" | "none"; backend: linear layers as in LeanRunner ("eager" on CUDA);
+    compile_backend: torch.compile's backend for graphs="compile" ("inductor"; "aot_eager" on a CPU to test).
     `capture_seconds` accumulates the time spent capturing (or compiling) graphs; `captures` counts them.
     """
 
@@ -62,13 +104,14 @@ class StaticRunner(LeanRunner):
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = torch.float32, capacity: int | None = None,
                  keep_hidden: bool = False, buckets: tuple[int, ...] = BUCKETS, graphs: str = "auto",
-                 backend: str = "eager"):
+                 backend: str = "eager", compile_backend="inductor"):
         if graphs not in GRAPH_MODES:
             raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
         buckets = tuple(sorted(set(buckets)))
         if not buckets or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive integers, got {buckets!r}")
         self.buckets = buckets
+        self.compile_backend = compile_backend
         self._graphs: dict[int, object] = {}
         self.capture_seconds = 0.0
         self.captures = 0
@@ -80,16 +123,24 @@ class StaticRunner(LeanRunner):
         super().__init__(model, dtype=dtype, capacity=capacity, keep_hidden=keep_hidden, backend=backend)
         if graphs == "auto":
             graphs = "cuda" if self.device.type == "cuda" else "none"
-        if graphs != "none" and self.device.type != "cuda":
+        if graphs == "cuda" and self.device.type != "cuda":
             raise ValueError(f"graphs={graphs!r} captures CUDA graphs and needs a CUDA model, not {self.device}; "
                              "use graphs='none' (the same static shapes, run eagerly)")
+        if graphs == "compile":
+            if backend != "eager":
+                raise ValueError(f"graphs='compile' needs backend='eager', got {backend!r}")
+            size_recompile_limit(buckets)
         self.graphs = graphs
 
     # ------------------------------------------------------------------ cache
 
+    @torch.no_grad()
+    @torch.inference_mode(False)
     def _grow(self, needed: int) -> None:
         """(Re)allocate cache and RoPE tables for at least `needed` positions (+1 scratch slot); graphs that
-        point at the old buffers are dropped and captured again on next use."""
+        point at the old buffers are dropped and captured again on next use. Built outside inference mode
+        whether called from the constructor or from a pass, so every table is one kind of tensor (a
+        compiled pass would otherwise guard on, and recompile for, the difference)."""
         if self.context_window is not None and needed > self.context_window:
             raise ValueError(f"{needed} positions exceed the model's context window of {self.context_window}")
         capacity = max(needed, 2 * self.capacity)
@@ -104,8 +155,7 @@ class StaticRunner(LeanRunner):
         self.k_cache, self.v_cache, self.capacity = k, v, capacity
         positions = torch.arange(capacity, device=self.device).view(1, capacity)
         probe = torch.zeros(1, dtype=torch.float32, device=self.device)
-        with torch.no_grad():
-            cos, sin = self.model.model.rotary_emb(probe, positions)
+        cos, sin = self.model.model.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
         self.slot_index = torch.arange(capacity + 1, device=self.device)
         self._graphs = {}
@@ -225,18 +275,22 @@ class StaticRunner(LeanRunner):
         inputs = self.__dict__.setdefault("_buffers", {})
         key = (b, self.capacity)
         if key not in inputs:
-            dev = self.device
-            inputs[key] = {
-                "ids": torch.zeros(b, dtype=torch.long, device=dev),
-                "positions": torch.zeros(b, dtype=torch.long, device=dev),
-                "slots": torch.zeros(b, dtype=torch.long, device=dev),
-                "mask": torch.zeros(b, self.capacity + 1, dtype=torch.bool, device=dev),
-            }
+            with torch.inference_mode(False):
+                inputs[key] = self._new_inputs(b)
         return inputs[key]
 
-    def _step(self, step: dict):
+    def _new_inputs(self, b: int) -> dict:
+        dev = self.device
+        return {
+            "ids": torch.zeros(b, dtype=torch.long, device=dev),
+            "positions": torch.zeros(b, dtype=torch.long, device=dev),
+            "slots": torch.zeros(b, dtype=torch.long, device=dev),
+            "mask": torch.zeros(b, self.capacity + 1, dtype=torch.bool, device=dev),
+        }
+
+    def _step(self, step: dict, block=None):
         """One static-shape pass: embed, every layer writing its keys/values by slot, norm, LM head."""
-        return static_block(step["ids"], step["positions"], step["slots"], step["mask"], self.embed, self.head,
+        return (block or static_block)(step["ids"], step["positions"], step["slots"], step["mask"], self.embed, self.head,
                             self.norm, self.layers, self.k_cache, self.v_cache, self.cos, self.sin, self.n_heads,
                             self.n_kv_heads, self.head_dim)
 
@@ -247,13 +301,16 @@ class StaticRunner(LeanRunner):
             try:
                 graph = self._capture(b)
             except Exception as err:  # noqa: BLE001 - an odd build or op: run the same code uncaptured
-                if strict:
-                    raise
+                if strict or os.environ.get("SPECREPRO_STRICT_GRAPHS") == "1":
+                    raise RuntimeError(f"capturing the {self.graphs!r} graph of bucket {b} failed: "
+                                       f"{type(err).__name__}: {err}") from err
                 warnings.warn(f"capturing the {self.graphs!r} graph of bucket {b} failed ({type(err).__name__}: "
-                              f"{err}); this runner now runs uncaptured (graphs='none')", stacklevel=4)
+                              f"{err}); this runner now runs uncaptured (graphs='none')", GraphFallbackWarning,
+                              stacklevel=4)
                 self.graphs = "none"
                 return self._step(self._inputs(b))
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self.capture_seconds += time.perf_counter() - t0
             self.captures += 1
             self._graphs[b] = graph
@@ -261,34 +318,30 @@ class StaticRunner(LeanRunner):
 
     def _capture(self, b: int):
         """A callable replaying bucket b's pass; the cache is saved and restored around the warm-up runs
-        (they write the cache like real passes)."""
+        (they write the cache like real passes). graphs="compile" off CUDA: the compiled pass, uncaptured."""
         step = self._inputs(b)
+        block = compiled_block(self.compile_backend) if self.graphs == "compile" else None
         saved = (self.k_cache.clone(), self.v_cache.clone())
         try:
-            if self.graphs == "compile":
-                # the cache and the input buffers keep their addresses: static inputs that the graph mutates
-                for t in (self.k_cache, self.v_cache, *step.values()):
-                    torch._dynamo.mark_static_address(t)
-                fn = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-                for _ in range(3):
-                    out = fn(step)
+            if self.device.type != "cuda":
+                self._step(step, block)  # compiles this bucket now
 
                 def replay():
-                    return fn(step)
-            else:
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        self._step(step)
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = self._step(step)
+                    return self._step(step, block)
+                return replay
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(3):  # compiles (and autotunes) outside the capture
+                    self._step(step, block)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._step(step, block)
 
-                def replay():
-                    graph.replay()
-                    return out
+            def replay():
+                graph.replay()
+                return out
         finally:
             self.k_cache.copy_(saved[0])
             self.v_cache.copy_(saved[1])
@@ -333,4 +386,5 @@ def capture_note(runner) -> str:
     return f"{runner.graphs} graphs: {runner.captures} captured in {runner.capture_seconds:.2f} s"
 
 
-__all__ = ["StaticRunner", "BUCKETS", "GRAPH_MODES", "bucket_for", "static_block", "capture_note"]
+__all__ = ["StaticRunner", "BUCKETS", "GRAPH_MODES", "GraphFallbackWarning", "bucket_for", "compiled_block", "static_block",
+           "size_recompile_limit", "capture_note"]

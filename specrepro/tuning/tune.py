@@ -207,8 +207,8 @@ def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list
                 out.append(Candidate(d, b, t))
                 if compile and b == "eager":  # the lean runner compiles eager linears only
                     out.append(Candidate(d, b, t, True))
-        if cuda:  # the static-shape runner, its graphs captured either way (engines/static.py)
-            out += [Candidate(d, "eager", threads[-1], graphs=g) for g in GRAPH_CHOICES]
+        if cuda:  # the static-shape runner (engines/static.py): CUDA graphs; compiled ones only when asked
+            out += [Candidate(d, "eager", threads[-1], graphs=g) for g in GRAPH_CHOICES if compile or g != "compile"]
     return out
 
 

@@ -222,3 +222,100 @@ def test_model_drafts_keep_the_hf_runner_off_cuda():
     from specrepro.engines.runners import HFRunner
 
     assert isinstance(default_runner(llama()), HFRunner)  # on CUDA: a StaticRunner (tests/engines/test_devices.py)
+
+
+# --- compile mode stays compiled: no recompile, no fallback --------------------------------------------------
+
+def test_compile_mode_compiles_each_bucket_once_and_never_falls_back():
+    """graphs='compile' on the CPU (torch.compile with aot_eager, uncaptured): two runners of different shapes
+    (a target and a draft) over several buckets share one compiled function. Each (shape, bucket) compiles
+    exactly once; after the warm-up, with Dynamo's stance set to fail on any recompile, passes in every bucket,
+    rollbacks and greedy SpS run without one, give the uncaptured runner's logits, and nothing falls back."""
+    import warnings
+
+    from torch._dynamo.backends.common import aot_autograd  # noqa: F401 - the backend registry is loaded
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from specrepro.engines.static import GraphFallbackWarning, compiled_block
+
+    graphs_made = []
+
+    def counting(gm, example_inputs):
+        graphs_made.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor))[:1])
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    target, draft = tiny_llama(0, layers=3, eos_token_id=None, window=128), tiny_llama(1, eos_token_id=None)
+    buckets = (1, 2, 4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphFallbackWarning)
+        t = StaticRunner(target, capacity=64, buckets=buckets, graphs="compile", compile_backend=counting)
+        d = StaticRunner(draft, capacity=64, buckets=buckets, graphs="compile", compile_backend=counting)
+        assert t.warmup() > 0 and d.warmup() > 0
+        assert t.captures == d.captures == len(buckets) and len(graphs_made) == 2 * len(buckets)
+        plain_t = StaticRunner(target, capacity=64, buckets=buckets)
+        ids = torch.randint(0, 5, (40,), generator=torch.Generator().manual_seed(5))
+        prompt, n = torch.tensor([0, 3, 2, 4, 4, 1, 0, 3]), 24
+        want = sr.autoregressive_generate(plain_t, prompt, max_new_tokens=n, temperature=0).tokens
+        plain_t.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for runner in (t, d, t):
+                runner.reset()
+                plain_t.reset()
+                for start, end in [(0, 7), (7, 10), (8, 13), (13, 14), (14, 16), (15, 16), (16, 40)]:
+                    runner.rollback(start)
+                    got = runner.forward(ids[start:end])
+                    if runner is t:
+                        plain_t.rollback(start)
+                        torch.testing.assert_close(got, plain_t.forward(ids[start:end]), atol=1e-5, rtol=1e-5)
+            t.reset()
+            assert torch.equal(sr.autoregressive_generate(t, prompt, max_new_tokens=n, temperature=0).tokens, want)
+            for k in (1, 3, 7):
+                gen = sr.speculative_generate(t, ModelDraft(d), prompt, max_new_tokens=n, lookahead=k, temperature=0)
+                assert torch.equal(gen.tokens, want), k
+    assert len(graphs_made) == 2 * len(buckets), "a bucket compiled twice"
+    assert t.graphs == d.graphs == "compile" and t.captures == d.captures == len(buckets)
+    assert compiled_block(counting) is compiled_block(counting)  # one compiled function for every runner
+
+
+def test_compile_mode_recompile_is_caught(monkeypatch):
+    """The test above has power: a pass that needs a new shape after the warm-up (here the cache outgrows
+    its capacity, so the mask is wider) recompiles, and the fail_on_recompile stance makes that an error,
+    which SPECREPRO_STRICT_GRAPHS=1 (the GPU check's setting) passes on instead of falling back."""
+    monkeypatch.setenv("SPECREPRO_STRICT_GRAPHS", "1")
+    torch._dynamo.reset()
+    runner = StaticRunner(llama(), capacity=8, buckets=(1, 2), graphs="compile", compile_backend="aot_eager")
+    runner.warmup()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        runner.forward(torch.tensor([1, 2]))
+        runner.forward(torch.tensor([3]))
+        with pytest.raises(Exception, match="(?i)recompil"):
+            runner.forward(torch.arange(8))
+
+
+def test_a_failed_capture_is_an_error_when_strict(monkeypatch):
+    from specrepro.engines.static import GraphFallbackWarning
+
+    runner = StaticRunner(llama(), capacity=32, buckets=(1, 2), graphs="compile", compile_backend="aot_eager")
+
+    def broken(b):
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(runner, "_capture", broken)
+    monkeypatch.setenv("SPECREPRO_STRICT_GRAPHS", "1")
+    with pytest.raises(RuntimeError, match="capturing the 'compile' graph of bucket 1 failed"):
+        runner.forward(torch.tensor([1]))
+    monkeypatch.delenv("SPECREPRO_STRICT_GRAPHS")
+    with pytest.warns(GraphFallbackWarning, match="now runs uncaptured"):
+        runner.forward(torch.tensor([1]))
+    assert runner.graphs == "none"
+
+
+def test_tune_offers_compiled_graphs_only_when_asked(monkeypatch):
+    from specrepro.tuning import tune as tuning
+
+    monkeypatch.setattr(tuning, "_device", lambda target: torch.device("cuda"))  # the CUDA branch, on a CPU
+    plain = tuning.candidate_settings(llama(), ["bfloat16"], ["eager"], [1, 2], False)
+    asked = tuning.candidate_settings(llama(), ["bfloat16"], ["eager"], [1, 2], True)
+    assert [c.graphs for c in plain] == ["", "cuda"]
+    assert sorted(c.graphs for c in asked if c.graphs) == ["compile", "cuda"]
