@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # built from pieces so that this file does not match itself
 PROCESS = re.compile("|".join([
-    r"\bissue" + r" #?[0-9]+", r"\bthe issue\b", r"\bissue's\b", r"\bthis " + "session", r"\blater " + "session",
+    r"\bis" + r"sue #?[0-9]+", r"\bthe is" + r"sue\b", r"\bis" + r"sue's\b", r"\bthis " + "session", r"\blater " + "session",
     r"\blent " + r"(gpu|machine)", r"\ba lent" + " ",
 ]), re.I)
 # absolute directories of a build or CI machine (scratch folders, a user's home)
