@@ -42,7 +42,7 @@ from ..models import specrepro_home
 from ..files import portable_path, write_json
 from ..stats.speedup import acceptance_mle, expected_tokens
 
-TUNE_VERSION = 2  # bump when the measurement or the choice changes: old cache entries are then ignored
+TUNE_VERSION = 3  # bump when the measurement or the choice changes: old cache entries are then ignored
 DEFAULT_LOOKAHEAD = 4
 MAX_TUNE_LOOKAHEAD = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -257,7 +257,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     screen, skipped, runners, unavailable, kept = {}, {}, {}, {}, {}
 
     def score(name):
-        return screen[name][1] + screen[name][5]
+        return screen_score(screen[name])
 
     def build_of(c):
         return (c.dtype, c.backend, c.compile, c.graphs)
@@ -293,8 +293,8 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
             best = min(map(score, screen))
             if score(cand.name) > OUTLIER_RATIO * best:
                 again = screen_once(cand, runners[build])
-                prepare[cand.name]["screens"] = [score(cand.name), again[1] + again[5]]
-                if again[1] + again[5] < score(cand.name):
+                prepare[cand.name]["screens"] = [score(cand.name), screen_score(again)]
+                if screen_score(again) < score(cand.name):
                     screen[cand.name] = again
             kept[cand.name] = cand
             for name in sorted(kept, key=score)[keep:]:
@@ -329,6 +329,11 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
 
 
 OUTLIER_RATIO = 1.5  # a screen this many times the best so far is measured again before it decides
+
+
+def screen_score(ms: dict) -> float:
+    """What the screen ranks candidates by: its passes over 1 and 5 tokens (a step and a K = 4 verify)."""
+    return ms[1] + ms[5]
 
 
 @torch.inference_mode()
