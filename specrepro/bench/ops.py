@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -165,7 +166,10 @@ def main(argv=None) -> dict:
             continue
         runners[spec] = LeanRunner(model, dtype=getattr(torch, dtype), backend="eager" if kind == "lean" else kind,
                                    capacity=args.context + 8)
+    from ..experiments.results import provenance
+
     result = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "context": args.context, "torch": torch.__version__,
+              "args": vars(args), "provenance": provenance(), "load_average_start": os.getloadavg(),
               "by_threads": {}}
     for n in threads:
         torch.set_num_threads(n)
@@ -186,15 +190,16 @@ def main(argv=None) -> dict:
             for kind, peer in peers.items():
                 times[f"llamacpp:{kind}"].append(peer.pass_ms(prefix, 1, reps=1))
         entry = {name: {"one_token_ms": statistics.median(t), "samples": len(t)} for name, t in times.items()}
-        sizes = sorted({int(k) for k in args.sizes.split(",")} - {1})
-        if sizes:  # passes over more tokens, interleaved across runners and sizes
+        sizes = sorted({int(k) for k in args.sizes.split(",")} | {1})
+        if len(sizes) > 1:  # passes over 1 and more tokens, interleaved across runners and sizes: v(K) is a ratio
+            # of passes timed side by side
             blocks = {spec: {k: [] for k in sizes} for spec in runners}
             for _ in range(args.reps):
                 for spec, r in runners.items():
                     for k in sizes:
                         blocks[spec][k].append(one_token_ms(r, args.context, reps=1, warmup=0, n=k))
             for spec in runners:
-                ms = {1: entry[spec]["one_token_ms"], **{k: statistics.median(v) for k, v in blocks[spec].items()}}
+                ms = {k: statistics.median(v) for k, v in blocks[spec].items()}
                 entry[spec]["pass_ms"] = ms
                 entry[spec]["v"] = {k - 1: ms[k] / ms[1] for k in ms if k > 1}
         if args.roofline:
@@ -217,6 +222,7 @@ def main(argv=None) -> dict:
                 for k, row in rl["rows"].items():
                     print(f"{'':14s}{k:5d} {row['floor_ms']:9.2f} {row['roof_ms']:8.2f} {row['measured_ms']:8.2f} "
                           f"{row['measured_over_bound']:10.2f}", flush=True)
+    result["load_average_end"] = os.getloadavg()
     write_json(f"{args.out}.json", result)
     return result
 
