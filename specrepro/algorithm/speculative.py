@@ -48,6 +48,12 @@ class Generation:
     draft_calls: int = 0
     loop_seconds: list[float] = field(default_factory=list)  # wall time of each draft+verify loop
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt pass (and resets) before the first loop
+
+    @property
+    def first_token_seconds(self) -> float:
+        """Time to first token: the prompt pass plus the first loop, which emits at least one token."""
+        return self.prefill_seconds + (self.loop_seconds[0] if self.loop_seconds else 0.0)
 
     @property
     def tau(self) -> float:
@@ -178,6 +184,7 @@ def _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, 
         getattr(runner, "prefill", runner.forward)(prompt[:-1])
         if hidden is not None:
             hidden.append(runner.hidden)
+    out.prefill_seconds = time.perf_counter() - start
     seq = prompt
     if tree is not None:
         tree_sampling.generate(runner, proposer, seq, out, max_new_tokens, tree, sampling, stops, generator, hidden,

@@ -174,7 +174,8 @@ def run_config(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: 
         return _run_hf(cfg, setup, prompt, max_new_tokens, seed)
     seconds = time.perf_counter() - start
     return dict(
-        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds), accepted=sum(gen.accepted),
+        tokens=len(gen.tokens), seconds=seconds, decode_seconds=sum(gen.loop_seconds),
+        first_token_seconds=gen.first_token_seconds, accepted=sum(gen.accepted),
         proposed=sum(gen.proposed), target_calls=gen.target_calls, ids=gen.tokens.tolist(),
         loop_accepted=list(gen.accepted), loop_proposed=list(gen.proposed),
     )
@@ -207,15 +208,33 @@ def _run_hf(cfg: Config, setup: Setup, prompt: torch.Tensor, max_new_tokens: int
     # swap ours in for the call so that EOS stays off
     saved = setup.target.generation_config
     setup.target.generation_config = gc
+    first = _FirstToken()
     try:
         start = time.perf_counter()
         with torch.inference_mode():
-            out = setup.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            out = setup.target.generate(ids, attention_mask=torch.ones_like(ids), streamer=first, **kwargs)
         seconds = time.perf_counter() - start
     finally:
         setup.target.generation_config = saved
     new = out[0, ids.shape[1] :]
-    return dict(tokens=int(new.shape[0]), seconds=seconds, decode_seconds=None, accepted=0, proposed=0, target_calls=0, ids=new.tolist())
+    return dict(tokens=int(new.shape[0]), seconds=seconds, decode_seconds=None,
+                first_token_seconds=first.at - start if first.at is not None else None, accepted=0, proposed=0,
+                target_calls=0, ids=new.tolist())
+
+
+class _FirstToken:
+    """A generate() streamer that notes when the first new token arrives (its first put() is the prompt)."""
+
+    def __init__(self):
+        self.calls, self.at = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2 and self.at is None:
+            self.at = time.perf_counter()
+
+    def end(self):
+        pass
 
 
 def measure_costs(setup: Setup, prefix: torch.Tensor, ks, reps: int = 5, trees=()) -> dict:
@@ -271,6 +290,8 @@ def bench(
                 rec = run_config(cfg, setup, prompt, max_new_tokens, seed + 1000 * rep + pi)
                 rec.update(asdict(cfg), name=cfg.name, rep=rep, prompt=pi, prompt_tokens=int(prompt.shape[0]))
                 rec["ms_per_token"] = 1e3 * rec["seconds"] / max(rec["tokens"], 1)
+                if rec.get("first_token_seconds") is not None:
+                    rec["first_token_ms"] = 1e3 * rec["first_token_seconds"]
                 if rec["decode_seconds"] is not None:  # ours: the loops alone, without the prompt pass
                     rec["decode_ms_per_token"] = 1e3 * rec["decode_seconds"] / max(rec["tokens"], 1)
                 rows.append(rec)

@@ -126,7 +126,8 @@ class LlamaCppPeer:
 
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> dict:
-        """Plain decoding: eval the prompt, then one eval per new token. Returns ids, seconds, decode_seconds."""
+        """Plain decoding: eval the prompt, then one eval per new token. Returns ids, seconds, decode_seconds and
+        first_token_seconds."""
         from ..algorithm.sampling import SamplingConfig, sample
 
         ids = [int(t) for t in prompt.view(-1).tolist()]
@@ -148,10 +149,13 @@ class LlamaCppPeer:
             else:
                 tok = int(sample(config.probs(logits.view(1, -1)), generator)[0])
             out.append(tok)
+            if i == 0:
+                first = time.perf_counter()
             if i + 1 < max_new_tokens:
                 self.llm.eval([tok])
         end = time.perf_counter()
-        return dict(ids=out, tokens=len(out), seconds=end - start, decode_seconds=end - decode_start)
+        return dict(ids=out, tokens=len(out), seconds=end - start, decode_seconds=end - decode_start,
+                    first_token_seconds=first - start if out else None)
 
     def pass_ms(self, prefix: torch.Tensor, n: int, reps: int = 5) -> float:
         """Median ms of one eval over n tokens after `prefix` is cached (llama.cpp's v(K) is pass_ms(K+1)/pass_ms(1))."""

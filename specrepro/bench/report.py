@@ -46,6 +46,9 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
             decode_ms_per_token=(
                 statistics.median(r["decode_ms_per_token"] for r in rs) if "decode_ms_per_token" in first else None
             ),
+            # time to first token: the prompt pass and the first token (None where a run could not tell)
+            first_token_ms=(statistics.median(r["first_token_ms"] for r in rs)
+                            if all(r.get("first_token_ms") is not None for r in rs) else None),
             ratio_to_ours_ars_hf=ratio(config_name("ours_ars", "hf", mode)),
             # > 1: faster than llama.cpp's plain decoding of the first peer file (--llamacpp's first kind)
             speedup_vs_llamacpp=ratio(peer_names[mode]) if peer_names.get(mode) else None,
@@ -85,7 +88,7 @@ def summarise(rows: list[dict], costs: dict) -> list[dict]:
 
 COLUMNS = [
     "name", "impl", "runner", "mode", "k", "schedule", "runs", "ms_per_token", "tokens_per_s", "decode_ms_per_token",
-    "ratio_to_ours_ars_hf", "speedup_vs_llamacpp", "decode_speedup_vs_llamacpp", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
+    "first_token_ms", "ratio_to_ours_ars_hf", "speedup_vs_llamacpp", "decode_speedup_vs_llamacpp", "speedup_vs_same_runner_ars", "acceptance_rate", "a", "tau", "mean_proposed", "c", "v",
     "predicted", "measured_over_predicted", "bound", "measured_over_bound",
 ]
 

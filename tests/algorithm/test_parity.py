@@ -106,6 +106,9 @@ def test_stats_are_consistent():
     assert sum(a + 1 for a in gen.accepted) >= len(gen.tokens) > sum(a + 1 for a in gen.accepted[:-1])
     assert gen.draft_calls == sum(gen.proposed)
     assert gen.tau == len(gen.tokens) / gen.target_calls
+    # time to first token: the prompt pass plus the first loop, within the whole call
+    assert 0 < gen.prefill_seconds < gen.first_token_seconds <= gen.seconds
+    assert gen.first_token_seconds == gen.prefill_seconds + gen.loop_seconds[0]
 
 
 def test_eos_inside_accepted_run_ends_generation():

@@ -38,6 +38,8 @@ def test_bench_end_to_end_writes_csv_and_json(tmp_path):
         rows = list(csv.DictReader(f))
     assert {r["name"] for r in rows} == names
     assert all(float(r["ms_per_token"]) > 0 for r in rows)
+    # time to first token for every implementation (HF's through a streamer), shorter than the whole run
+    assert all(0 < float(r["first_token_ms"]) < float(r["ms_per_token"]) * 6 for r in rows)
     sps = [r for r in rows if r["impl"] == "ours_sps"]
     assert all(0 <= float(r["a"]) <= 1 and 1 <= float(r["tau"]) <= int(r["k"]) + 1 for r in sps)
     assert all(float(r["predicted"]) > 0 and float(r["v"]) > 0 and float(r["bound"]) > 0 for r in sps)
