@@ -86,10 +86,12 @@ def _generate(target, draft, input_ids, max_new_tokens, lookahead, temperature, 
     prompt = _check_prompt(input_ids, runner.vocab_size)
     _check_fits(prompt.shape[0], max_new_tokens, runner, proposer)
     if proposer is not None and proposer.vocab_size != runner.vocab_size:
-        raise ValueError(
-            f"draft and target vocabularies differ ({proposer.vocab_size} vs {runner.vocab_size} tokens): "
-            "the draft must use the target's tokenizer"
-        )
+        if not hasattr(proposer, "fit_vocab"):
+            raise ValueError(
+                f"draft and target vocabularies differ ({proposer.vocab_size} vs {runner.vocab_size} tokens): "
+                "the draft must use the target's tokenizer"
+            )
+        proposer.fit_vocab(runner.vocab_size)  # one tokenizer, padded differently: p over the target's columns
     if stop_when is not None and not callable(stop_when):
         raise TypeError(f"stop_when must be a callable taking the new token ids, got {type(stop_when).__name__}")
     stops = StopRule(frozenset(_eos_set(eos_token_id)), stop_when)

@@ -68,9 +68,18 @@ class ModelDraft(Draft):
     depends only on the draft, never on the target, so the output stays exactly the target's.
     """
 
-    def __init__(self, model, confidence_threshold: float | None = None):
-        """model: an HF causal LM (run through HFRunner) or a runner with the HFRunner interface."""
+    def __init__(self, model, confidence_threshold: float | None = None, tokens: int | None = None):
+        """model: an HF causal LM (run through HFRunner) or a runner with the HFRunner interface.
+
+        tokens: how many of the model's vocabulary rows are real tokens (its tokenizer's length; default: the
+        model's `tokenizer_length` attribute, which specrepro.drafts.spec.make_draft sets for "model:" drafts,
+        else unknown). The rows after them are padding, which the draft never proposes, and with it the draft
+        can speak a target vocabulary that differs from its own only in padding (`fit_vocab`).
+        """
         super().__init__()
+        tokens = tokens if tokens is not None else getattr(model, "tokenizer_length", None)
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+            raise ValueError(f"tokens must be an integer >= 1 (the tokenizer's length), got {tokens!r}")
         if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] or None, got {confidence_threshold!r}")
         self.confidence_threshold = confidence_threshold
@@ -84,7 +93,45 @@ class ModelDraft(Draft):
             self.runner = default_runner(model)
             self.vocab_size = vocab_size(model)
             self.context_window = context_window(model)
+        if tokens is not None and tokens > self.vocab_size:
+            raise ValueError(f"the tokenizer has {tokens} tokens but the draft model only {self.vocab_size} rows")
+        self.real_tokens = tokens
+        self.rows = self.vocab_size  # the model's own vocabulary (vocab_size becomes the target's in fit_vocab)
         self.tokens = torch.empty(0, dtype=torch.long)
+
+    def fit_vocab(self, target_vocab: int) -> None:
+        """Give p rows over the target's `target_vocab` columns when the two vocabularies differ only in
+        padding rows (Qwen2.5-0.5B has 151936, Qwen2.5-7B 152064, one tokenizer of 151665 tokens), as HF
+        assisted generation does for such pairs: the draft's real tokens keep their probabilities, every
+        other column gets p = 0. p stays the distribution the draft samples from, so verification is exact.
+        """
+        if target_vocab == self.vocab_size:
+            return
+        if self.real_tokens is None:
+            raise ValueError(
+                f"draft and target vocabularies differ ({self.vocab_size} vs {target_vocab} tokens): the draft must "
+                "use the target's tokenizer; if it does and the two differ only in padding rows, give the "
+                "tokenizer's length (ModelDraft(model, tokens=len(tokenizer)))")
+        if self.real_tokens > target_vocab:
+            raise ValueError(
+                f"draft and target vocabularies differ: the draft's tokenizer has {self.real_tokens} tokens, more "
+                f"than the target's {target_vocab}; the draft must use the target's tokenizer")
+        self.vocab_size = target_vocab
+
+    def _check_feed(self, feed: torch.Tensor) -> None:
+        """A target padded beyond the draft's rows could emit a padding id the draft cannot embed."""
+        if self.rows < self.vocab_size and int(feed.max()) >= self.rows:
+            raise ValueError(f"the target produced token {int(feed.max())}, a padding row beyond the draft's "
+                             f"{self.rows}: the draft cannot read it")
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits over vocab_size columns, -inf on padding (p = 0 there)."""
+        n = self.real_tokens
+        if n is None or (n == logits.shape[-1] == self.vocab_size):
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., :n] = logits[..., :n]
+        return out
 
     def reset(self) -> None:
         super().reset()
@@ -96,12 +143,13 @@ class ModelDraft(Draft):
         keep = min(common_prefix_length(self.tokens.to(seq.device), seq), seq.shape[0] - 1)
         self.runner.rollback(keep)
         feed = seq[keep:]
+        self._check_feed(feed)
         if feed.shape[0] > 2 and hasattr(self.runner, "prefill"):  # a prompt: no LM head for its first tokens
             self.runner.prefill(feed[:-1])
             feed = feed[-1:]
         tokens, probs = [], []
         for _ in range(k):
-            p = sampling.probs(self.runner.forward(feed)[-1])
+            p = sampling.probs(self._fit(self.runner.forward(feed)[-1]))
             self.calls += 1
             if tokens and self.confidence_threshold is not None and float(p.max()) < self.confidence_threshold:
                 # unsure: let the target decide from here; the last proposal has been fed already
@@ -126,10 +174,11 @@ class ModelDraft(Draft):
         keep = min(common_prefix_length(self.tokens.to(seq.device), seq), n - 1)
         self.runner.rollback(keep)
         feed = seq[keep:]
+        self._check_feed(feed)
         if feed.shape[0] > 2 and hasattr(self.runner, "prefill"):
             self.runner.prefill(feed[:-1])
             feed = feed[-1:]
-        root_logits = self.runner.forward(feed)[-1]
+        root_logits = self._fit(self.runner.forward(feed)[-1])
         self.calls += 1
         fed: list[int] = []  # tree nodes in the draft cache after the context, in cache order
 
@@ -143,7 +192,7 @@ class ModelDraft(Draft):
                 logits = self.runner.forward_tree(ids, positions, mask.to(seq.device))
             fed.extend(nodes)
             self.calls += 1
-            return logits
+            return self._fit(logits)
 
         tree = grow(spec, sampling, generator, root_logits, next_logits, seed, self.children)
         self.runner.rollback(n)

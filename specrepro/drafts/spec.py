@@ -13,7 +13,8 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
 
     "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
     modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
-    local model directory: a causal LM with the target's tokenizer. "lookup+<spec>": prompt lookup, falling
+    local model directory: a causal LM with the target's tokenizer (its vocabulary may be padded
+    differently from the target's, as Qwen2.5's 0.5B and 7B are: the model carries its tokenizer's length). "lookup+<spec>": prompt lookup, falling
     back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
     kind of specrepro.drafts.load (lookup, datastore, truncated, small, seqkd, feature, heads); "lookup+datastore" is
     prompt lookup with the datastore draft where the context has no match.
@@ -34,7 +35,10 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
         from ..engines.runners import input_device
         from ..models import load_model
 
-        return load_model(spec.removeprefix("model:"), dtype=dtype, device=device or input_device(target))[0]
+        model, tokenizer = load_model(spec.removeprefix("model:"), dtype=dtype, device=device or input_device(target))
+        if tokenizer is not None:  # rows past its length are padding (specrepro.drafts.base.ModelDraft)
+            model.tokenizer_length = len(tokenizer)
+        return model
     from .trainer import load
 
     return load(spec, target=target, dtype=dtype)

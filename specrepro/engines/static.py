@@ -35,7 +35,8 @@ recompile limit is raised to cover every bucket of several shapes (`size_recompi
 graphs="compile" with `compile_backend="aot_eager"` (or "inductor") runs the compiled pass uncaptured:
 the tests use it to show that no bucket recompiles once compiled.
 A capture that fails is an error where SPECREPRO_STRICT_GRAPHS=1 (the GPU check), otherwise a
-GraphFallbackWarning and the runner goes on uncaptured.
+GraphFallbackWarning and the runner goes on uncaptured, with the reason in `runner.fallback` (sr.tune
+reports such a candidate as skipped rather than timing it as captured).
 
 Host synchronisations: none inside forward/forward_tree/rollback; `compact` with a CPU `keep` finds the
 first moved slot on the host (no device sync), with a device `keep` it moves every kept slot on the device.
@@ -115,6 +116,7 @@ class StaticRunner(LeanRunner):
         self._graphs: dict[int, object] = {}
         self.capture_seconds = 0.0
         self.captures = 0
+        self.fallback: str | None = None  # why the runner went on uncaptured, if a capture failed
         window = getattr(model.config, "max_position_embeddings", None)
         if capacity is None:
             capacity = min(window or 2048, 2048)
@@ -304,8 +306,9 @@ class StaticRunner(LeanRunner):
                 if strict or os.environ.get("SPECREPRO_STRICT_GRAPHS") == "1":
                     raise RuntimeError(f"capturing the {self.graphs!r} graph of bucket {b} failed: "
                                        f"{type(err).__name__}: {err}") from err
-                warnings.warn(f"capturing the {self.graphs!r} graph of bucket {b} failed ({type(err).__name__}: "
-                              f"{err}); this runner now runs uncaptured (graphs='none')", GraphFallbackWarning,
+                self.fallback = (f"capturing the {self.graphs!r} graph of bucket {b} failed "
+                                 f"({type(err).__name__}: {err})")
+                warnings.warn(f"{self.fallback}; this runner now runs uncaptured (graphs='none')", GraphFallbackWarning,
                               stacklevel=4)
                 self.graphs = "none"
                 return self._step(self._inputs(b))

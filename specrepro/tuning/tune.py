@@ -5,11 +5,16 @@
 
 Candidates are (dtype, linear backend, torch threads[, torch.compile]) for the lean runner (an HF runner
 for models it cannot run); on a CUDA target also the static-shape runner (engines/static.py) with its
-graphs captured by torch.cuda.CUDAGraph ("graphs-cuda") and by torch.compile(mode="reduce-overhead")
-("graphs-compile"), measured after capture; the capture time is reported ("capture_seconds") and the
-returned runner is captured before tune returns, so it is paid once per process. A screen times every candidate's passes over 1, 2 and 5 tokens; for the two
-best, the target's pass over n = 1..17 tokens is timed after a cached prefix (specrepro.tuning.costs, the same
-measurement as the bench and the notebooks), and so is one draft step.
+passes captured by torch.cuda.CUDAGraph ("graphs-cuda") and, only with compile=True, compiled by
+torch.compile (default mode, fullgraph, static shapes) and then captured by torch.cuda.CUDAGraph the same
+way ("graphs-compile"; not mode="reduce-overhead", whose graph trees copy the weights and cache on each
+replay), measured after capture; the capture time is reported ("capture_seconds") and the returned runner
+is captured before tune returns, so it is paid once per process. A graph candidate whose capture fails,
+or whose runner falls back to uncaptured replay while it is timed (the runner's `fallback`), is listed
+in "skipped" with the reason and never ranked.
+A screen times every candidate's passes over 1, 2 and 5 tokens; for the two best, the target's pass over
+n = 1..17 tokens is timed after a cached prefix (specrepro.tuning.costs, the same measurement as the bench
+and the notebooks), and so is one draft step.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
 E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
 setting and K with the least expected time per token win; without one, the fastest one-token pass.
@@ -93,7 +98,8 @@ def tune(
     target: an HF causal LM. draft: anything speculative_generate takes (costed per candidate).
     acceptance: an estimate of the draft's per-token acceptance a in [0, 1); prompt: token ids to measure
     a on (a short SpS run at `temperature`) when no estimate is given. threads: thread counts to try
-    (default: 1 and all usable cores). compile: also try torch.compile'd runners (slow to build).
+    (default: 1 and all usable cores). compile: also try torch.compile'd runners (slow to build): the lean runner's compiled
+    linears, and on CUDA the compiled static-shape graphs.
     trees: TreeSpecs to weigh against the chain: with a draft that can branch and a `prompt`, each tree's
     tokens per target call and the chain's at the chosen K are measured on the prompt with the chosen
     runner, and the tree wins if its (depth * draft step + pass over its nodes) / tau is smaller.
@@ -296,6 +302,11 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
                 prepare[cand.name]["screens"] = [score(cand.name), screen_score(again)]
                 if screen_score(again) < score(cand.name):
                     screen[cand.name] = again
+            fell = _fell_back(runners[build])
+            if fell:  # its times are an uncaptured runner's: not ranked as the captured one
+                skipped[cand.name] = unavailable[build] = fell
+                del runners[build], screen[cand.name]
+                continue
             kept[cand.name] = cand
             for name in sorted(kept, key=score)[keep:]:
                 del kept[name]
@@ -318,6 +329,10 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
             torch.set_num_threads(cand.threads)
             entry = measure_cost_table({name: (runners[build_of(cand)], proposer)}, prefix, range(1, max_lookahead + 1), reps,
                                        extra_sizes=extra_sizes)
+            fell = _fell_back(runners[build_of(cand)]) or _fell_back(getattr(proposer, "runner", None), "the draft's runner")
+            if fell:
+                skipped[name] = fell
+                continue
             costs[name] = {"candidate": dataclasses.asdict(cand), **entry[name]}
             if name in capture:
                 costs[name]["capture_seconds"] = capture[name]
@@ -326,6 +341,13 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     if not costs:
         raise RuntimeError(f"no candidate setting could be measured: {skipped}")
     return {"costs": costs, "screen": screen, "skipped": skipped, "prepare": prepare}
+
+
+def _fell_back(runner, who: str = "its runner") -> str:
+    """Why a graph runner (engines.static) went on uncaptured, or "": its times are then not what the
+    captured candidate would take, so tune skips the candidate with this reason instead of ranking it."""
+    reason = getattr(runner, "fallback", None)
+    return f"{who} fell back to uncaptured replay: {reason}" if reason else ""
 
 
 OUTLIER_RATIO = 1.5  # a screen this many times the best so far is measured again before it decides

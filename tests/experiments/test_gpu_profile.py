@@ -1,6 +1,6 @@
 """The gpu profile's code paths, run on the CPU: notebooks/params/gpu-test.yaml (its comment lists every
 difference from gpu.yaml) through the real runner, with hub model ids served from a Hugging Face cache of
-tiny random Llamas and `datasets` loading XSum- and HumanEval-shaped local files."""
+tiny random Qwen2 models and `datasets` loading XSum- and HumanEval-shaped local files."""
 import json
 import math
 import os
@@ -16,25 +16,32 @@ from specrepro.experiments.results import read_csv
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]  # minutes: every notebook, gpu settings
 
-TARGET_ID = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
-DRAFT_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TARGET_ID = "Qwen/Qwen2.5-7B-Instruct"
+DRAFT_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 REVISION = "0" * 40  # the commit hash the cache's refs/main points at
+DRAFT_PADDING = 128  # padding rows past the tokenizer (the real pair's row counts differ by 128 too)
 
 
-def cache_tiny_model(hub_cache, repo_id, seed, layers, tokenizer):
-    """A tiny random Llama with the given tokenizer, laid out as transformers' hub cache holds a download."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def cache_tiny_model(hub_cache, repo_id, seed, layers, tokenizer, padding=0, tied=False):
+    """A tiny random Qwen2 (q/k/v biases, as Qwen2.5 has) with the given tokenizer and `padding` vocabulary
+    rows after it, laid out as transformers' hub cache holds a download."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(REVISION)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(vocab_size=len(tokenizer) + padding, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tied)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # nonzero q/k/v biases, so that the runners' bias path is exercised
+        for name, param in model.named_parameters():
+            if name.endswith("proj.bias"):
+                param.normal_(std=0.5)
     snapshot = repo / "snapshots" / REVISION
-    LlamaForCausalLM(config).save_pretrained(snapshot)
+    model.save_pretrained(snapshot)
     tokenizer.save_pretrained(snapshot)
 
 
@@ -62,18 +69,22 @@ def gpu_test_outputs(tmp_path_factory):
     from specrepro.models import offline_target_dir
 
     root = tmp_path_factory.mktemp("gpu-test")
-    tokenizer = AutoTokenizer.from_pretrained(offline_target_dir())  # the real SmolLM2 tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(offline_target_dir())  # SmolLM2's: no Qwen tokenizer offline
     hub = root / "hub"
+    # the real 7B is untied and the 0.5B tied; here the draft carries the padding rows (see gpu-test.yaml)
     cache_tiny_model(hub, TARGET_ID, seed=0, layers=5, tokenizer=tokenizer)
-    cache_tiny_model(hub, DRAFT_ID, seed=1, layers=2, tokenizer=tokenizer)
+    cache_tiny_model(hub, DRAFT_ID, seed=1, layers=2, tokenizer=tokenizer, padding=DRAFT_PADDING, tied=True)
     write_datasets(root / "datasets")
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(root / "datasets-cache"),
            "SPECREPRO_DATASETS_DIR": str(root / "datasets")}
     # huggingface_hub reads these when it is imported: a fresh process (like the notebooks' kernels) sees them
-    check = ("import torch, specrepro as sr; m, _ = sr.load_model(%r, dtype=torch.bfloat16); "
-             "print(m.config.num_hidden_layers, m.dtype)" % TARGET_ID)
+    check = ("import torch, specrepro as sr\nfor name in %r:\n    m, t = sr.load_model(name, dtype=torch.bfloat16)\n"
+             "    print(type(m).__name__, m.config.num_hidden_layers, m.dtype, m.config.vocab_size - len(t))"
+             % [TARGET_ID, DRAFT_ID])
     out = subprocess.run([sys.executable, "-c", check], env={**os.environ, **env}, capture_output=True, text=True)
-    assert out.stdout.split() == ["5", "torch.bfloat16"], out.stderr[-2000:]  # the hub id is the cached tiny model
+    # the hub ids are the cached tiny models; the draft's vocabulary is the target's plus padding rows
+    assert out.stdout.split() == ["Qwen2ForCausalLM", "5", "torch.bfloat16", "0",
+                                  "Qwen2ForCausalLM", "2", "torch.bfloat16", str(DRAFT_PADDING)], out.stderr[-2000:]
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)

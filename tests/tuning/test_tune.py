@@ -247,3 +247,30 @@ def test_an_outlier_screen_is_measured_again(monkeypatch):
     out = tune_mod.measure_candidates(llama(0), None, cands, max_lookahead=2, reps=1, keep=2)
     first, second = out["prepare"]["bfloat16/eager/1t"]["screens"]
     assert first > 2e3 > second and out["screen"]["bfloat16/eager/1t"][1] < 1e3
+
+
+@pytest.mark.parametrize("fail_at", ["screen", "measure"])
+def test_a_graph_runner_that_falls_back_is_skipped_not_timed(monkeypatch, fail_at):
+    """A compile-mode candidate whose runner falls back to uncaptured replay after its warm-up (here a bucket
+    beyond the warmed sizes fails to capture: the screen's 32-token prefix, or the full measurement's
+    9-token pass) is reported as skipped with the reason, never ranked with its uncaptured times."""
+    from specrepro.engines.static import GraphFallbackWarning, StaticRunner
+
+    def capture(self, b):  # the plain static pass for the warmed buckets; a failing capture beyond them
+        if b > {"screen": 4, "measure": 8}[fail_at]:
+            raise RuntimeError("no capture here")
+        step = self._inputs(b)
+        return lambda: self._step(step)
+
+    monkeypatch.setattr(StaticRunner, "_capture", capture)
+    monkeypatch.delenv("SPECREPRO_STRICT_GRAPHS", raising=False)
+    real = tune_mod.build_runner
+    monkeypatch.setattr(tune_mod, "build_runner", lambda target, cand: (
+        StaticRunner(target, graphs="compile", compile_backend="aot_eager") if cand.graphs else real(target, cand)))
+    monkeypatch.setattr(tune_mod, "_graph_sizes", lambda *a: [1, 2, 3, 4])  # what the warm-up captures
+    cands = [tune_mod.Candidate("float32", "eager", 1), tune_mod.Candidate("float32", "eager", 1, graphs="compile")]
+    with pytest.warns(GraphFallbackWarning):
+        out = tune_mod.measure_candidates(llama(0), None, cands, max_lookahead=8, reps=1, keep=2)
+    name = "float32/eager/1t/graphs-compile"
+    assert name not in out["costs"] and list(out["costs"]) == ["float32/eager/1t"]
+    assert "fell back to uncaptured replay" in out["skipped"][name] and "no capture here" in out["skipped"][name]
