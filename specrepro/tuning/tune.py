@@ -259,7 +259,10 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
     """
     before = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab_size(target), (32,), generator=g)
+    # ids every model in play can read: a draft with a smaller (padded) vocabulary than its target's included
+    readable = min([vocab_size(target)] + [n for n in (getattr(draft, "rows", None), getattr(draft, "vocab_size", None))
+                                           if isinstance(n, int)])
+    prefix = torch.randint(0, readable, (32,), generator=g)
     screen, skipped, runners, unavailable, kept = {}, {}, {}, {}, {}
 
     def score(name):

@@ -274,3 +274,23 @@ def test_a_graph_runner_that_falls_back_is_skipped_not_timed(monkeypatch, fail_a
     name = "float32/eager/1t/graphs-compile"
     assert name not in out["costs"] and list(out["costs"]) == ["float32/eager/1t"]
     assert "fell back to uncaptured replay" in out["skipped"][name] and "no capture here" in out["skipped"][name]
+
+
+
+def test_the_timing_prefix_holds_ids_a_smaller_padded_draft_can_read(monkeypatch):
+    """A draft whose own vocabulary is smaller than the target's (padding rows, as in Qwen2.5 pairs) must not
+    be fed prefix ids it has no rows for while tune times it: the prefix is drawn below the draft's rows."""
+    draws = []
+    real = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda lo, hi, *a, **k: draws.append(hi) or real(lo, hi, *a, **k))
+    from specrepro.drafts.lookup import LookupDraft
+
+    padded = LookupDraft(vocab_size=64)
+    padded.rows = 9  # as a model draft with 9 rows of its own fitted to a 64-token target records it
+    out = tune_mod.measure_candidates(llama(0), padded, [tune_mod.Candidate("float32", "eager", 1)], max_lookahead=1,
+                                      reps=1, keep=1)
+    assert draws[0] == 9 and "float32/eager/1t" in out["screen"]
+    draws.clear()
+    tune_mod.measure_candidates(llama(0), None, [tune_mod.Candidate("float32", "eager", 1)], max_lookahead=1, reps=1,
+                                keep=1)
+    assert draws[0] == llama(0).config.vocab_size  # no draft: the target's whole vocabulary
