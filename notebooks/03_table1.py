@@ -10,7 +10,11 @@
 # # 03 · Table 1: ArS vs SpS at K = 4
 # News summarisation (ROUGE-2 against the reference sentence) and HumanEval (unbiased pass@k; completions run
 # only inside `specrepro.tasks.humaneval.check_completion`'s sandbox), with nucleus and greedy decoding:
-# result, mean token time and speedup, with the paper's numbers beside ours.
+# result, mean token time and speedup, with the paper's numbers beside ours. The paper's draft was a trained
+# model; `drafts` runs several drafts (the cpu profile: the trained feature draft and the training-free
+# datastore draft), each as its own SpS row timed against the same ArS items. The `sandbox` column of the
+# HumanEval rows names the containment level their verdicts ran under (docs/sandbox.md); the JSON's meta
+# records this machine's full containment once per run.
 #
 # In float32, greedy SpS emits exactly greedy ArS's tokens. In bfloat16 (the cpu profile, where it is much
 # faster) the target's logits shift slightly with the number of tokens per pass (other matmul kernels), so
@@ -32,6 +36,8 @@ seed = 0  # base seed
 threads = 1  # torch threads
 target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
 draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
+drafts = None  # a list of such drafts, each with its own SpS row beside the one ArS baseline (None: [draft])
+draft_items = {}  # {draft: n}: that draft's SpS runs on the first n items of each row only (a slow draft)
 dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
 device_map = None  # "auto" or a dict: split a target too big for one device (accelerate)
@@ -55,7 +61,6 @@ code_source = "offline"
 
 # %%
 import os
-from pathlib import Path
 
 import torch
 from IPython.display import Image, Markdown
@@ -65,21 +70,28 @@ from specrepro.experiments import plots
 from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
 from specrepro.experiments.results import markdown_table
 from specrepro.experiments.table1 import PAPER_TABLE1_SOURCE, run_table1
-from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, slug, tuned_target
+from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, tuned_target
+from specrepro.tasks.sandbox import sandbox_info
 
 os.chdir(repo_root())
 results_dir = results_folder("03_table1", globals())  # keyed by the effective parameters and the code
-meta = run_header(profile, seed, threads, notebook="03_table1", target=target, draft=draft, dtype=dtype,
+drafts = [draft] if drafts is None else list(drafts)
+if not drafts or len(set(drafts)) != len(drafts) or not all(isinstance(d, str) and d for d in drafts):
+    raise ValueError(f"drafts must be a non-empty list of distinct draft specs, got {drafts!r}")
+meta = run_header(profile, seed, threads, notebook="03_table1", target=target, drafts=drafts,
+                     draft_items=draft_items, sandbox=sandbox_info().record(), dtype=dtype,
                      device=device, lookahead=lookahead, tree=tree, n_news=n_news, n_code=n_code, code_samples=code_samples,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
                      code_top_p=code_top_p, paper_source=PAPER_TABLE1_SOURCE)
 q_model, tokenizer = load_target(target, dtype, device, device_map, max_memory)
-p_model = make_draft(draft, q_model, dtype=q_model.dtype, device=device)
-# the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind)
+p_model = make_draft(drafts[0], q_model, dtype=q_model.dtype, device=device)
+# the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind, tuned
+# with the first draft); every draft's SpS and the one ArS baseline use that same runner
 runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
-if compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
-    p_model = make_draft(draft, q_model, dtype=compute_dtype(runner), device=device)
+# a model draft computes in the dtype the tuned target runs in
+p_models = {d: p_model if i == 0 and compute_dtype(runner) == q_model.dtype
+            else make_draft(d, q_model, dtype=compute_dtype(runner), device=device) for i, d in enumerate(drafts)}
 news = news_items(tokenizer, n_news, news_source)
 code = code_items(tokenizer, n_code, code_source)
 
@@ -87,18 +99,18 @@ code = code_items(tokenizer, n_code, code_source)
 settings = {"news": {"nucleus": {"temperature": news_temperature, "top_p": news_top_p}, "greedy": {"temperature": 0.0}},
             "humaneval": {"greedy": {"temperature": 0.0},
                           "nucleus": {"temperature": code_temperature, "top_p": code_top_p, "n_items": n_code_nucleus}}}
-rows = run_table1(runner, p_model, tokenizer, news, code, settings,
-                     Path(results_dir) / f"table1-{slug(draft)}.jsonl", lookahead=lookahead,
+rows = run_table1(runner, p_models, tokenizer, news, code, settings, results_dir, lookahead=lookahead,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
-                     code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed, tree=tree)
+                     code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed, tree=tree,
+                     draft_items=draft_items)
 write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
 table = markdown_table(rows, [
-    "benchmark", "decoding", "method", "tree", "n_items", "metric", "result", "result_ci_low",
+    "benchmark", "decoding", "method", "draft", "tree", "n_items", "metric", "result", "result_ci_low",
     "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup", "speedup_ci_low",
-    "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p"])
+    "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p", "sandbox"])
 Markdown(profile_note(profile) + table)
 
 # %% [markdown]
@@ -114,6 +126,6 @@ paired = [(r, label) for r in rows if r.get("method") == "SpS" for label in ("qu
 family_alpha = 0.05 / max(len(paired), 1)
 Markdown("\n".join(
     [f"Paired tests: {len(paired)}, each at alpha = 0.05 / {len(paired)} = {family_alpha:.4f}."]
-    + [f"- {r['benchmark']} {r['decoding']}, {label}: mean SpS - ArS {r[f'{label}_mean_difference']:+.4f}, "
+    + [f"- {r['benchmark']} {r['decoding']} ({r['draft']}), {label}: mean SpS - ArS {r[f'{label}_mean_difference']:+.4f}, "
        f"p = {r[f'{label}_wilcoxon_p']:.3g}: {'changed' if r[f'{label}_wilcoxon_p'] < family_alpha else 'no change found'}"
        for r, label in paired]))

@@ -256,9 +256,12 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
             os.environ[SHARD_ENV] = previous
 
 
-# minutes each notebook took in the last measured run of a profile (cpu: docs/results.md's run, 2 cores)
-MINUTES = {"cpu": {"00_train_drafts": 0.2, "01_losslessness": 3.7, "02_lookahead_sweep": 6.2, "03_table1": 17.0,
-                   "04_drafts": 11.6}}
+# minutes each notebook took in the last measured run of a profile (cpu: docs/results.md's run, 2 cores);
+# cpu 03 and 04 are estimates until measured again: 03 with two drafts (feature, datastore) on the native
+# runner, from the per-token times of a sample of its items; 04 with the datastore draft added (one more
+# near-free draft)
+MINUTES = {"cpu": {"00_train_drafts": 0.2, "01_losslessness": 3.7, "02_lookahead_sweep": 6.2, "03_table1": 13.0,
+                   "04_drafts": 13.5}}
 
 
 def remaining_minutes(profile: str, names) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -19,7 +20,7 @@ from ..tasks.news import rouge2
 from ..tasks.sandbox import sandbox_info
 from .records import generate_item, generation_record, generator
 from .results import ResultsFile
-from .workloads import eos_ids
+from .workloads import eos_ids, slug
 
 
 # Chen et al. 2023 (arXiv:2302.01318) Table 1: Chinchilla 70B target, 4B draft, 16 TPU v4, batch size 1,
@@ -39,18 +40,37 @@ PAPER_TABLE1_SOURCE = (
 )
 
 
-def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], settings: dict, results_path,
+def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], settings: dict, results_dir,
                lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
                code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0,
-               tree=None) -> list[dict]:
-    """ArS and SpS on each benchmark/decoding setting; one resumable item per (row, example, sample).
+               tree=None, draft_items: dict | None = None) -> list[dict]:
+    """ArS and SpS with each draft on each benchmark/decoding setting; one resumable item per (row, example,
+    sample, method, draft).
 
+    drafts: {name: draft} (a bare draft is named "draft"); every draft's SpS is timed against the one ArS
+    baseline, whose items are shared. results_dir: a folder holding `table1-ArS.jsonl` and one
+    `table1-<slug(name)>.jsonl` per draft, so a run with another set of drafts reuses what it shares.
     settings: {"news": {"nucleus": {...sampling...}, "greedy": {...}}, "humaneval": {"nucleus": {...}}}; a
     setting's optional "n_items" runs it on the first n items only (e.g. nucleus samples on a subset).
+    draft_items: {name: n}: that draft's SpS runs on the first n items of each setting only (a slow draft);
+    its speedup and paired tests use the ArS items it shares.
     tree: SpS verifies this token tree (a TreeSpec or 'WIDTHxDEPTH[/NODES]') per target call instead of a
     chain of `lookahead` tokens. The summary covers exactly this call's items.
     """
-    results = ResultsFile(results_path)
+    if not isinstance(drafts, dict):
+        drafts = {"draft": drafts}
+    if not drafts:
+        raise ValueError("run_table1 needs at least one draft: drafts is empty")
+    draft_items = dict(draft_items or {})
+    unknown = sorted(set(draft_items) - set(drafts))
+    if unknown:
+        raise ValueError(f"draft_items names drafts that are not run: {unknown}; the drafts are {list(drafts)}")
+    for name, n in draft_items.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"draft_items[{name!r}] must be a positive integer, got {n!r}")
+    results_dir = Path(results_dir)
+    files = {None: ResultsFile(results_dir / "table1-ArS.jsonl")}
+    files.update({name: ResultsFile(results_dir / f"table1-{slug(name)}.jsonl") for name in drafts})
     tree = tree_specs([tree])[0] if tree is not None else None
     eos = eos_ids(tokenizer)
     # a code answer ends where extract_completion cuts it (the closing fence, a new top-level statement):
@@ -63,23 +83,28 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
             sampling = dict(sampling)
             n_items = sampling.pop("n_items", None)  # a setting may run on the first n items only
             n_samples = 1 if sampling.get("temperature", 1.0) == 0 else samples
-            for it in items[:n_items]:
+            for i, it in enumerate(items[:n_items]):
                 for s in range(n_samples):
-                    for method, k in (("ArS", 0), ("SpS", lookahead)):
-                        todo.append((bench, decoding, sampling, max_new, it, s, method, k))
+                    todo.append((bench, decoding, sampling, max_new, it, s, None))  # ArS, then each draft's SpS
+                    todo += [(bench, decoding, sampling, max_new, it, s, name) for name in drafts
+                             if i < draft_items.get(name, len(items))]
     keys = []
-    for bench, decoding, sampling, max_new, it, s, method, k in tqdm(todo, desc="table 1"):
+    for bench, decoding, sampling, max_new, it, s, name in tqdm(todo, desc="table 1"):
+        method, k = ("ArS", 0) if name is None else ("SpS", lookahead)
         shape = tree if method == "SpS" else None
         key = f"{bench}/{decoding}/{method}/{it['id']}/s{s}" + (f"/tree{shape}" if shape else "")
-        keys.append(key)
+        results = files[name]
+        keys.append((name, key))
         if key in results:
             continue
-        gen = generate_item(target, draft, it["prompt_ids"], k, max_new, sampling, eos,
-                            generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"), tree=shape,
+        # the same random numbers for every draft (common random numbers: the drafts differ only in the draft)
+        gen = generate_item(target, None if name is None else drafts[name], it["prompt_ids"], k, max_new, sampling,
+                            eos, generator(seed, f"{bench}/{decoding}/{it['id']}/s{s}/{method}"), tree=shape,
                             stop_when=code_stop if bench == "humaneval" else None)
         text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
-                 "text": text, **({"tree": str(shape)} if shape else {})}
+                 "text": text, **({"draft": name} if name is not None else {}),
+                 **({"tree": str(shape)} if shape else {})}
         if bench == "news":
             extra["score"] = rouge2(text, it["reference"])
         else:
@@ -90,7 +115,9 @@ def run_table1(target, draft, tokenizer, news: list[dict], code: list[dict], set
         results.append(generation_record(gen, key, **extra))
     # in key order, as every summary bootstraps (resumed runs and merged shards alike); in a shard, a foreign
     # item raises ShardComplete here: the summary needs every shard's items and comes from --merge
-    return summarise_table1([results.records[k] for k in sorted(set(keys))], pass_k)
+    records = [{**files[name].records[key], **({"draft": name} if name is not None else {})}
+               for name, key in sorted(set(keys), key=lambda nk: (nk[0] is not None, nk[0] or "", nk[1]))]
+    return summarise_table1(records, pass_k, drafts=list(drafts))
 
 
 def code_similarity(completion: str, canonical: str) -> float:
@@ -106,25 +133,35 @@ def code_similarity(completion: str, canonical: str) -> float:
     return difflib.SequenceMatcher(None, tokens(completion), tokens(canonical), autojunk=False).ratio()
 
 
-def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
-    """Per (benchmark, decoding, method): the result with its bootstrap 95% CI over items, ms/token and
-    (SpS) the speedup over ArS on the same items with CIs, tau, and paired tests of SpS vs ArS quality."""
+def summarise_table1(records: list[dict], pass_k=(1,), drafts=None) -> list[dict]:
+    """Per (benchmark, decoding, method, draft): the result with its bootstrap 95% CI over items, ms/token and
+    (SpS) the speedup over ArS on the same items with CIs, tau, and paired tests of SpS vs ArS quality.
+
+    SpS records name their draft in "draft" (records without one belong to a draft named "draft"); every
+    draft's SpS row is compared with the one ArS row of its benchmark and decoding. drafts: the row order
+    (default: the order the drafts first appear in). The ArS row's draft is empty."""
     rows = []
+    spec = {r.get("draft", "draft") for r in records if r["method"] == "SpS"}
+    order = list(drafts) if drafts is not None else list(dict.fromkeys(
+        r.get("draft", "draft") for r in records if r["method"] == "SpS"))
+    order += sorted(spec - set(order))
     groups = sorted({(r["benchmark"], r["decoding"]) for r in records}, key=lambda g: (g[0] != "news", g))
     for bench, decoding in groups:
-        by = {m: {(r["item"], r["sample"]): r for r in records
-                  if (r["benchmark"], r["decoding"], r["method"]) == (bench, decoding, m)} for m in ("ArS", "SpS")}
-        paired = sorted(set(by["ArS"]) & set(by["SpS"]))
-        for method in ("ArS", "SpS"):
-            rs = list(by[method].values())
+        mine = [r for r in records if (r["benchmark"], r["decoding"]) == (bench, decoding)]
+        ars = {(r["item"], r["sample"]): r for r in mine if r["method"] == "ArS"}
+        for method, draft in [("ArS", None)] + [("SpS", d) for d in order]:
+            by = {(r["item"], r["sample"]): r for r in mine
+                  if r["method"] == method and (draft is None or r.get("draft", "draft") == draft)}
+            rs = list(by.values())
             if not rs:
                 continue
+            paired = sorted(set(ars) & set(by))
             seconds = [sum(r["loop_seconds"]) for r in rs]
             tokens = [r["n_tokens"] for r in rs]
             ms, ms_lo, ms_hi = (1000 * v for v in ratio_ci(seconds, tokens))
             tau, tau_lo, tau_hi = ratio_ci(tokens, [r["target_calls"] for r in rs])
-            row = {"benchmark": bench, "decoding": decoding, "method": method, "tree": rs[0].get("tree", ""),
-                   "n_generations": len(rs),
+            row = {"benchmark": bench, "decoding": decoding, "method": method, "draft": draft or "",
+                   "tree": rs[0].get("tree", ""), "n_generations": len(rs),
                    "n_items": len({r["item"] for r in rs}), "ms_per_token": ms, "ms_per_token_ci_low": ms_lo,
                    "ms_per_token_ci_high": ms_hi, "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi}
             if bench == "news":
@@ -136,8 +173,8 @@ def summarise_table1(records: list[dict], pass_k=(1,)) -> list[dict]:
                     sim, lo, hi = mean_ci([r["similarity"] for r in rs])
                     row.update(similarity=sim, similarity_ci_low=lo, similarity_ci_high=hi)
             if method == "SpS" and paired:
-                a = [by["ArS"][key] for key in paired]
-                b = [by["SpS"][key] for key in paired]
+                a = [ars[key] for key in paired]
+                b = [by[key] for key in paired]
                 sp, lo, hi = speedup_ci([sum(r["loop_seconds"]) for r in a], [r["n_tokens"] for r in a],
                                         [sum(r["loop_seconds"]) for r in b], [r["n_tokens"] for r in b])
                 row.update(speedup=sp, speedup_ci_low=lo, speedup_ci_high=hi, n_pairs=len(paired),
