@@ -125,32 +125,40 @@ def plot_lookahead(out_dir, name: str = "lookahead_sweep") -> list[str]:
 
 
 def plot_table1(out_dir, name: str = "table1") -> list[str]:
-    """Ours vs the paper: task result and speedup per benchmark/decoding row."""
+    """Ours vs the paper: task result and speedup per benchmark/decoding row, one bar per draft's SpS."""
     out_dir = Path(out_dir)
     rows = read_csv(out_dir / f"{name}.csv")
     groups = list(dict.fromkeys((r["benchmark"], r["decoding"]) for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    width = 0.2
+    drafts = list(dict.fromkeys(r.get("draft") or "draft" for r in rows if r["method"] == "SpS"))
+    series = [("ArS", None)] + [("SpS", d) for d in drafts]  # the ArS baseline, then each draft's SpS
+    colors = ["tab:gray", "tab:purple", "tab:orange", "tab:green", "tab:blue"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    width = 0.8 / (2 * len(series))  # ours and the paper's bar per series
     for gi, (bench, decoding) in enumerate(groups):
-        for mi, method in enumerate(("ArS", "SpS")):
-            r = next((r for r in rows if (r["benchmark"], r["decoding"], r["method"]) == (bench, decoding, method)),
-                     None)
+        in_group = [r for r in rows if (r["benchmark"], r["decoding"]) == (bench, decoding)]
+        for si, (method, draft) in enumerate(series):
+            r = next((r for r in in_group if r["method"] == method
+                      and (draft is None or (r.get("draft") or "draft") == draft)), None)
             if r is None:
                 continue
-            x = gi + (mi - 0.5) * 2 * width
-            color = "tab:gray" if method == "ArS" else "tab:purple"
+            color = colors[si % len(colors)]
+            label = method if draft is None else f"SpS, {draft}"
+            x = gi - 0.4 + (2 * si + 0.5) * width
             if not _nan(r.get("result")):
-                axes[0].bar(x - width / 2, r["result"], width, color=color, label=f"ours {method}" if gi == 0 else None,
+                axes[0].bar(x, r["result"], width, color=color, label=f"ours {label}" if gi == 0 else None,
                             yerr=_yerr(r, "result"), capsize=2)
-            if not _nan(r.get("paper_result")):
-                axes[0].bar(x + width / 2, r["paper_result"], width, color=color, alpha=0.35, hatch="//",
+            if not _nan(r.get("paper_result")) and si < 2:  # the paper has one ArS and one SpS number
+                axes[0].bar(x + width, r["paper_result"], width, color=color, alpha=0.35, hatch="//",
                             label=f"paper {method}" if gi == 0 else None)
             if method == "SpS":
-                axes[1].bar(gi - width / 2, r["speedup"], width, color="tab:purple", label="ours (95% CI)" if gi == 0 else None,
-                            yerr=_yerr(r, "speedup"), capsize=2)
-                if not _nan(r.get("paper_speedup")):
-                    axes[1].bar(gi + width / 2, r["paper_speedup"], width, color="tab:purple", alpha=0.35, hatch="//",
-                                label="paper (Chinchilla 70B)" if gi == 0 else None)
+                xs = gi - 0.4 + (si - 1 + 0.5) * (0.8 / (len(drafts) + 1))
+                axes[1].bar(xs, r["speedup"], 0.8 / (len(drafts) + 1), color=color,
+                            label=f"ours, {draft} (95% CI)" if gi == 0 else None, yerr=_yerr(r, "speedup"), capsize=2)
+        paper = next((r for r in in_group if r["method"] == "SpS" and not _nan(r.get("paper_speedup"))), None)
+        if paper is not None:
+            xs = gi - 0.4 + (len(drafts) + 0.5) * (0.8 / (len(drafts) + 1))
+            axes[1].bar(xs, paper["paper_speedup"], 0.8 / (len(drafts) + 1), color="tab:purple", alpha=0.35,
+                        hatch="//", label="paper (Chinchilla 70B, 4B draft)" if gi == 0 else None)
     ticks = [f"{b}\n{d}" for b, d in groups]
     axes[0].set(xticks=range(len(groups)), xticklabels=ticks, title="Result (ROUGE-2 / pass@k)")
     axes[1].set(xticks=range(len(groups)), xticklabels=ticks, title="SpS speedup over ArS (K=4)")
