@@ -33,7 +33,7 @@ import torch
 
 from ..algorithm.tree import Tree, TreeSpec
 from .base import Draft
-from .growing import draw_children
+from .growing import draw_children, zero_rows
 
 SEP = -1  # between sequences in the stream: no n-gram or continuation crosses it
 _MULT = np.int64(0x9E3779B97F4A7C15 - (1 << 64))  # odd 64-bit multiplier of the rolling n-gram hash
@@ -140,14 +140,28 @@ class Datastore:
 
 def context_continuations(seq: np.ndarray, depth: int, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray]:
     """Prompt lookup's matches as count rows: the longest n (max_ngram down to min_ngram) whose last n tokens
-    occurred earlier in seq, and [m, depth] what followed each earlier occurrence (SEP past seq's end)."""
+    occurred earlier in seq, and [m, depth] what followed each earlier occurrence (SEP past seq's end).
+
+    One pass over the context finds where its last token occurred before; each longer n keeps the ends whose
+    previous token matches too, so a step costs one comparison over the context plus the (few) candidates."""
     padded = np.concatenate([seq, np.full(depth, SEP, dtype=np.int64)])
-    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # every earlier n-gram
-        hits = np.nonzero((windows == seq[-n:]).all(1))[0]
-        if len(hits):
-            return n, padded[hits[:, None] + n + np.arange(depth)]
-    return 0, np.empty((0, depth), dtype=np.int64)
+    top = min(max_ngram, len(seq) - 1)
+    if top < max(min_ngram, 1):
+        return 0, np.empty((0, depth), dtype=np.int64)
+    ends = np.nonzero(seq[:-1] == seq[-1])[0]  # earlier occurrences of the 1-gram, by where they end
+    best = None
+    for n in range(1, top + 1):
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[seq[ends - (n - 1)] == seq[-n]]
+        if not len(ends):
+            break
+        if n >= min_ngram:
+            best = (n, ends)
+    if best is None:
+        return 0, np.empty((0, depth), dtype=np.int64)
+    n, ends = best
+    return n, padded[ends[:, None] + 1 + np.arange(depth)]
 
 
 def _cut_at_sep(rows: np.ndarray) -> np.ndarray:
@@ -257,7 +271,7 @@ class DatastoreDraft(Draft):
             if not new:
                 break
             frontier = new
-        full = torch.zeros(len(tree), self.vocab_size)
+        full = zero_rows(len(tree), self.vocab_size)
         for row, (support, r) in zip(full, small):
             row[torch.tensor(support)] = r
         tree.rows = list(full)

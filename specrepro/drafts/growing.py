@@ -8,6 +8,8 @@ before their children are drawn.
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 import torch
 
 from ..algorithm.sampling import SamplingConfig, sample
@@ -43,10 +45,19 @@ def top_children(logits: torch.Tensor, m: int):
     return tokens, list(one_hot_rows(tokens, logits.shape[-1], logits.device))
 
 
+def zero_rows(n: int, vocab_size: int, device=None) -> torch.Tensor:
+    """[n, V] float32 zeros for a draft's rows. On the CPU they come from calloc (numpy): torch.zeros fills a
+    tensor this size with a parallel loop whose thread wake-ups cost 0.3-1.5 ms while the target's threads
+    hold the cores, more than a whole cheap draft step; calloc's pages are zero already."""
+    if device is None or torch.device(device).type == "cpu":
+        return torch.from_numpy(np.zeros((n, vocab_size), dtype=np.float32))
+    return torch.zeros(n, vocab_size, device=device)
+
+
 def one_hot_rows(tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
     """[len(tokens), V] float32 one-hot rows (F.one_hot would build an int64 table first: 3x the memory),
     on `device` (default the CPU): a draft's rows stay beside its other rows, on its device."""
-    rows = torch.zeros(len(tokens), vocab_size, device=device)
+    rows = zero_rows(len(tokens), vocab_size, device)
     rows[torch.arange(len(tokens), device=device), torch.tensor(tokens, dtype=torch.long, device=device)] = 1.0
     return rows
 

@@ -28,9 +28,10 @@ class LookupDraft(Draft):
         self.context_window = context_window
 
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
+        from .growing import one_hot_rows
+
         tokens = self.lookup(seq, k)
-        p = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
-        return tokens, p
+        return tokens, one_hot_rows(tokens.tolist(), self.vocab_size)
 
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None):
         """One branch per distinct continuation of the earlier matches of the longest matching n-gram

@@ -18,7 +18,7 @@ from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.algorithm.tree import TreeSpec
 from specrepro.drafts import Datastore, DatastoreDraft
 from specrepro.drafts import datastore_build
-from specrepro.drafts.datastore import read_sequences, shipped_tokens
+from specrepro.drafts.datastore import SEP, read_sequences, shipped_tokens
 from specrepro.drafts.growing import without
 from specrepro.engines.lean import LeanRunner
 from specrepro.stats.exact import exact_joint
@@ -183,9 +183,48 @@ def test_load_uses_the_shipped_token_file(smollm):
     draft = sr.drafts.load("datastore", target=model)
     assert isinstance(draft, DatastoreDraft) and draft.vocab_size == model.config.vocab_size
     assert draft.store.n_tokens == manifest["tokens_indexed"] and draft.store.n_sequences == manifest["sequences"]
-    hybrid = sr.drafts.spec.make_draft("lookup+datastore", model)
+    from specrepro.drafts.spec import make_draft
+
+    hybrid = make_draft("lookup+datastore", model)
     assert isinstance(hybrid.fallback, DatastoreDraft)
     ids = torch.tensor([1, 9690, 198, 2683, 314, 260])
     gen = sr.speculative_generate(model, draft, ids, max_new_tokens=12, lookahead=4, temperature=0)
     ars = sr.autoregressive_generate(model, ids, max_new_tokens=12, temperature=0)
     assert gen.tokens.tolist() == ars.tokens.tolist()
+
+
+def _context_continuations_by_windows(seq, depth, max_ngram, min_ngram):
+    """The plain search the fast one must equal: every earlier n-gram compared, longest n first."""
+    padded = np.concatenate([seq, np.full(depth, SEP, dtype=np.int64)])
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
+        hits = np.nonzero((windows == seq[-n:]).all(1))[0]
+        if len(hits):
+            return n, padded[hits[:, None] + n + np.arange(depth)]
+    return 0, np.empty((0, depth), dtype=np.int64)
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 5, 50])
+def test_context_search_equals_the_plain_window_search(alphabet):
+    from specrepro.drafts.datastore import context_continuations
+
+    rng = np.random.default_rng(alphabet)
+    for trial in range(300):
+        seq = rng.integers(0, alphabet, int(rng.integers(1, 60))).astype(np.int64)
+        depth, lo = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        hi = int(rng.integers(lo, 9))
+        n, rows = context_continuations(seq, depth, hi, lo)
+        n0, rows0 = _context_continuations_by_windows(seq, depth, hi, lo)
+        assert n == n0 and np.array_equal(rows, rows0), (seq, depth, hi, lo)
+
+
+def test_draft_rows_are_fresh_zeroed_tensors_each_step():
+    """zero_rows comes from calloc on the CPU: every call a new, zeroed, writable float32 tensor."""
+    from specrepro.drafts.growing import one_hot_rows, zero_rows
+
+    a = zero_rows(3, 10)
+    a[0, 1] = 5.0
+    b = zero_rows(3, 10)
+    assert a.dtype == b.dtype == torch.float32 and b.abs().sum() == 0 and a[0, 1] == 5.0
+    rows = one_hot_rows([2, 7], 10)
+    assert rows.tolist() == [[0, 0, 1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1, 0, 0]]
