@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -417,12 +418,16 @@ def main(argv=None) -> dict:
     if setup.tuned is not None:
         print(f"tuned: {setup.tuned.report['name']}, K = {setup.tuned.lookahead} ({setup.tuned.report['why']})")
         ks = sorted(set(ks) | {setup.tuned.lookahead})
+    from ..experiments.results import provenance
+
+    made_by, load_start = provenance(), os.getloadavg()  # before any output is written (the dirty flag)
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
         setup=setup, trees=trees,
     )
-    meta = dict(portable_args(vars(args)), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts])
+    meta = dict(portable_args(vars(args)), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts],
+                provenance=made_by, load_average_start=load_start, load_average_end=os.getloadavg())
     from ..engines import native
 
     if native.describe() is not None:  # a native runner ran: its kernels and build time

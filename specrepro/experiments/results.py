@@ -189,12 +189,13 @@ def code_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def provenance() -> dict:
+def provenance(root: str | os.PathLike | None = None) -> dict:
     """What code made a result: the git commit of the checkout (None outside one), whether the checkout had
-    uncommitted changes, and the package's code digest."""
+    uncommitted changes outside figures/ (what a run writes: `make reproduce` rewrites the figures of the
+    notebooks before it, which says nothing about the code), and the package's code digest."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]  # the checkout
 
     def git(*args):
         try:
@@ -204,7 +205,7 @@ def provenance() -> dict:
         return out.stdout.strip() if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)figures") if commit else None
     return {"commit": commit, "dirty": bool(status) if commit else None, "code_digest": code_digest()}
 
 

@@ -198,3 +198,26 @@ def test_every_output_records_the_commit_and_code_that_made_it():
     assert meta["provenance"]["code_digest"] == code_digest()
     assert isinstance(meta["provenance"]["dirty"], bool)
     assert meta["machine"]["cpu_model"] and "cpu_flags" in meta["machine"]
+
+
+def test_the_dirty_flag_counts_code_changes_not_the_figures_a_run_rewrites(tmp_path):
+    import shutil
+    import subprocess
+
+    from specrepro.experiments.results import provenance
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    run = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "table1.csv").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    assert provenance(tmp_path)["dirty"] is False
+    (tmp_path / "figures" / "table1.csv").write_text("b\n")  # what make reproduce does to the figures
+    assert provenance(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance(tmp_path)["dirty"] is True
+    assert len(provenance(tmp_path)["commit"]) == 40
