@@ -118,3 +118,32 @@ def test_sample_when_u_times_total_rounds_onto_the_total(monkeypatch):
 def test_bad_sampling_settings_name_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs)
+
+
+def _top_p_by_full_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The nucleus the textbook way: sort every row, drop a token once the mass before it reaches top_p."""
+    probs = logits.softmax(-1)
+    ordered, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    drop_sorted = (ordered.cumsum(-1) - ordered) >= top_p
+    drop_sorted[..., 0] = False
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 20.0])  # near-uniform rows need the head to grow
+@pytest.mark.parametrize("top_p", [1e-6, 0.5, 0.8, 0.95, 0.999])
+def test_top_p_from_the_head_equals_a_full_sort(scale, top_p):
+    gen = torch.Generator().manual_seed(int(scale * 100) + int(top_p * 1000))
+    logits = torch.randn(6, 5000, generator=gen) * scale
+    logits[2] *= 0.01  # one flat row in a batch of peaked ones: only it needs a long head
+    probs = logits_to_probs(logits, top_p=top_p)
+    assert torch.equal(probs > 0, ~_top_p_by_full_sort(logits, top_p))
+    assert torch.allclose(probs.sum(-1), torch.ones(6), atol=1e-5)
+
+
+def test_top_p_mask_is_per_row_whatever_the_batch():
+    """A row's nucleus does not depend on the rows beside it (the head grows for the whole batch)."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 3000, generator=gen) * torch.tensor([[8.0], [0.01], [2.0], [30.0]])
+    batch = logits_to_probs(logits, temperature=0.8, top_p=0.95)
+    for i in range(4):
+        assert torch.equal(batch[i], logits_to_probs(logits[i], temperature=0.8, top_p=0.95))
