@@ -49,7 +49,11 @@ from ..algorithm.tree import Tree, TreeSpec
 from .base import Draft
 from .growing import draw_children, zero_rows
 
-PSEUDO_COUNT = 1.0  # the stop rule's alpha, chosen on stdlib prompts outside the datastore (docs in the class)
+# The stop rule's alpha (DatastoreDraft.pseudo_count), chosen on prompts the datastore was not written from:
+# 10 CPython stdlib functions outside it and 10 news train articles each left out of the store, K = 4, 64
+# tokens, bfloat16. Predicted SpS/ArS (tau / mean v of the proposed lengths, native bfloat16 2-thread v)
+# averaged over news and code, greedy and T = 1 nucleus: no rule 1.17, alpha 0.5 1.30, 1 1.30, 2 1.30, 4 1.22.
+PSEUDO_COUNT = 1.0
 SEP = -1  # between sequences in the stream: no n-gram or continuation crosses it
 _MULT = np.int64(0x9E3779B97F4A7C15 - (1 << 64))  # odd 64-bit multiplier of the rolling n-gram hash
 
