@@ -21,6 +21,20 @@ What each token's row is (specrepro.algorithm.tree: a node's child must be a dra
   1 - TV(p, q) instead of a one-hot row's q(x).
 Which nodes get children, and how many, is decided before those children are drawn (by the counts and
 cumulative frequency of nodes drawn earlier), as the tree proof requires.
+
+The stop rule (optional: pass_costs, the target's measured v(n) = a pass over n + 1 tokens / a one-token
+pass): a chain of L tokens whose first i are all accepted with probability a_i yields 1 + a_1 + ... + a_L
+tokens per target call for a cost of v(L) one-token passes (the draft's own cost is ~0 here). The chain
+grows while one more token raises (1 + sum a_i) / v(L) and stops at the first length where it does not; a
+tree the same way level by level, a level's nodes added or none, with v of the node count. a_i is the
+product of per-token estimates, count / (total + pseudo_count) at each node (the pseudo-count keeps a
+single occurrence from counting as certain), where count is that of the node's rank-th most frequent
+token for its rank-th child. Greedy, the child is that token, so this estimates q(x) by the frequency; at
+temperature > 0 a token drawn from p is accepted with probability sum_x min(p, q), which needs q: the same
+top frequencies stand in for it (p's top mass, which sum min(p, q) reaches when q agrees with the
+datastore's most frequent continuation). Each decision uses only counts of nodes already in the proposal
+and of the node about to get children, never the token about to be drawn, so a drawn token is still a
+draw from its row and the shorter proposal stays exact.
 """
 from __future__ import annotations
 
@@ -35,6 +49,11 @@ from ..algorithm.tree import Tree, TreeSpec
 from .base import Draft
 from .growing import draw_children, zero_rows
 
+# The stop rule's alpha (DatastoreDraft.pseudo_count), chosen on prompts the datastore was not written from:
+# 10 CPython stdlib functions outside it and 10 news train articles each left out of the store, K = 4, 64
+# tokens, bfloat16. Predicted SpS/ArS (tau / mean v of the proposed lengths, native bfloat16 2-thread v)
+# averaged over news and code, greedy and T = 1 nucleus: no rule 1.17, alpha 0.5 1.30, 1 1.30, 2 1.30, 4 1.22.
+PSEUDO_COUNT = 1.0
 SEP = -1  # between sequences in the stream: no n-gram or continuation crosses it
 _MULT = np.int64(0x9E3779B97F4A7C15 - (1 << 64))  # odd 64-bit multiplier of the rolling n-gram hash
 
@@ -44,6 +63,30 @@ def shipped_tokens() -> Path:
     from .shipped import shipped_root
 
     return shipped_root() / "datastore" / "tokens.jsonl.gz"
+
+
+def check_pass_costs(costs) -> dict[int, float] | None:
+    """{n: v(n)} for n = 1..N from a sequence (v(1), ..., v(N)) or a dict keyed 1..N (int or str keys, as
+    sr.tune's costs["v"] before and after a JSON round trip); None stays None (no stop rule). v(0) = 1."""
+    if costs is None:
+        return None
+    if isinstance(costs, dict):
+        try:
+            table = {int(k): v for k, v in costs.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"pass_costs keys must be draft lengths 1..N, got {sorted(costs)!r}") from None
+    elif isinstance(costs, (list, tuple)):
+        table = {n + 1: v for n, v in enumerate(costs)}
+    else:
+        raise TypeError(f"pass_costs must be a sequence (v(1), ..., v(N)) or a dict {{n: v(n)}}, "
+                        f"got {type(costs).__name__}")
+    if not table or sorted(table) != list(range(1, len(table) + 1)):
+        raise ValueError(f"pass_costs must give v(n) for every n = 1..N, got lengths {sorted(table)}")
+    for n, v in table.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
+            raise ValueError(f"pass_costs v({n}) must be a finite number > 0 (relative to a one-token pass), "
+                             f"got {v!r}")
+    return {n: float(v) for n, v in table.items()}
 
 
 def read_sequences(path: str | Path) -> list[list[int]]:
@@ -164,6 +207,17 @@ def context_continuations(seq: np.ndarray, depth: int, max_ngram: int, min_ngram
     return n, padded[ends[:, None] + 1 + np.arange(depth)]
 
 
+def node_counts(column: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tokens, counts) of a trie node's next-token column, most frequent first (ties by lower id); None where
+    no row continues."""
+    column = column[column != SEP]
+    if not len(column):
+        return None
+    tokens, counts = np.unique(column, return_counts=True)
+    order = np.lexsort((tokens, -counts))
+    return tokens[order], counts[order]
+
+
 def _cut_at_sep(rows: np.ndarray) -> np.ndarray:
     """Rows with everything from their first SEP on set to SEP (a continuation ends with its sequence)."""
     rows[np.cumsum(rows == SEP, axis=1) > 0] = SEP
@@ -177,11 +231,16 @@ class DatastoreDraft(Draft):
     context match preferred over the datastore (prompt lookup's). sharpen: at temperature > 0, p is
     counts ** (1 / sharpen) normalised (1: the plain frequencies; smaller: closer to the most frequent).
     max_rows: at most this many occurrences are counted (the latest), bounding a draft step's cost.
+    pass_costs: None (propose all K tokens a match allows), or the target's v(n) = cost of a pass over n + 1
+    tokens / a one-token pass, n = 1..N (a sequence or {n: v}; sr.tune's setting.report["costs"][name]["v"]),
+    for the stop rule of the module docstring; a proposal needing v past N is an error. pseudo_count: the
+    rule's alpha in count / (total + alpha). Both may be set on a loaded draft (draft.pass_costs = v).
     """
 
     def __init__(self, store: Datastore, vocab_size: int, max_ngram: int = 8, min_ngram: int = 1,
                  context_max_ngram: int = 8, context_min_ngram: int = 2, sharpen: float = 1.0,
-                 max_rows: int = 4096, context_window: int | None = None):
+                 max_rows: int = 4096, context_window: int | None = None, pass_costs=None,
+                 pseudo_count: float = PSEUDO_COUNT):
         super().__init__()
         if not isinstance(store, Datastore):
             raise TypeError(f"store must be a specrepro.drafts.datastore.Datastore, got {type(store).__name__}")
@@ -199,7 +258,35 @@ class DatastoreDraft(Draft):
         self.max_ngram, self.min_ngram = min(max_ngram, store.max_ngram), min_ngram
         self.context_max_ngram, self.context_min_ngram = context_max_ngram, context_min_ngram
         self.sharpen, self.max_rows = float(sharpen), max_rows
+        self.pass_costs, self.pseudo_count = pass_costs, pseudo_count
         self.sources = {"context": 0, "datastore": 0, "none": 0}  # where each proposal came from
+
+    @property
+    def pass_costs(self) -> dict[int, float] | None:
+        return self._pass_costs
+
+    @pass_costs.setter
+    def pass_costs(self, costs) -> None:
+        self._pass_costs = check_pass_costs(costs)
+
+    @property
+    def pseudo_count(self) -> float:
+        return self._pseudo_count
+
+    @pseudo_count.setter
+    def pseudo_count(self, alpha: float) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < float("inf"):
+            raise ValueError(f"pseudo_count must be a finite number >= 0, got {alpha!r}")
+        self._pseudo_count = float(alpha)
+
+    def cost(self, n: int) -> float:
+        """v(n), the relative cost of verifying n proposed tokens (v(0) = 1)."""
+        if n == 0:
+            return 1.0
+        if n not in self._pass_costs:
+            raise ValueError(f"pass_costs gives v(n) for n up to {len(self._pass_costs)}, and a proposal of {n} "
+                             "tokens was considered: pass the costs for every K (or tree size) used")
+        return self._pass_costs[n]
 
     def rows(self, seq: torch.Tensor, depth: int) -> np.ndarray:
         """[m, depth] continuation rows of the chosen suffix (see the module docstring), latest last."""
@@ -219,13 +306,12 @@ class DatastoreDraft(Draft):
     def node_p(self, column: np.ndarray) -> tuple[list[int], torch.Tensor] | None:
         """(tokens by count, most first, ties by id; p over those tokens, float32) from one trie node's
         next-token column; None where no row continues."""
-        column = column[column != SEP]
-        if not len(column):
+        found = node_counts(column)
+        if found is None:
             return None
-        tokens, counts = np.unique(column, return_counts=True)
-        order = np.lexsort((tokens, -counts))
-        weights = counts[order].astype(np.float64) ** (1.0 / self.sharpen)
-        return tokens[order].tolist(), torch.from_numpy(weights / weights.sum()).float()
+        tokens, counts = found
+        weights = counts.astype(np.float64) ** (1.0 / self.sharpen)
+        return tokens.tolist(), torch.from_numpy(weights / weights.sum()).float()
 
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
         tokens, rows = self.grow(seq, TreeSpec(1, k), sampling, generator)[:2]
@@ -247,26 +333,34 @@ class DatastoreDraft(Draft):
         small = []  # per node: (support tokens, the row over them)
         members = {-1: np.arange(len(rows))}  # node -> the rows whose path starts with the node's path
         frontier, budget = [-1], spec.nodes
+        accept = {-1: 1.0}  # node -> the stop rule's estimate that its path is accepted
         for level in range(spec.depth if len(rows) else 0):
             if level > 0:
                 frontier = sorted(frontier, key=lambda i: -tree.scores[i])[: spec.width]
-            new = []
             level_budget = budget - len(tree) - (spec.depth - level - 1)
+            plan, planned = [], 0  # (node, column, counts, support, p, m): decided before any draw
             for node in frontier:
-                m = min(spec.width, level_budget - len(new))
+                m = min(spec.width, level_budget - planned)
                 if m <= 0:
                     break
                 column = rows[members[node], level]
-                found = self.node_p(column)
+                found = node_counts(column)
                 if found is None:
                     continue
-                support, p = found
-                picks, node_rows = self.children_of(p, min(m, len(support)), sampling.greedy, generator)
+                support, p = self.node_p(column)
+                plan.append((node, column, found[1], support, p, min(m, len(support))))
+                planned += plan[-1][-1]
+            if self._pass_costs is not None and plan and not self.worth_adding(tree, accept, plan):
+                break
+            new = []
+            for node, column, counts, support, p, m in plan:
+                picks, node_rows = self.children_of(p, m, sampling.greedy, generator)
                 base = 1.0 if node < 0 else tree.scores[node]
-                for i, r in zip(picks, node_rows):
+                for rank, (i, r) in enumerate(zip(picks, node_rows)):
                     child = tree.add(node, support[i], None, base * float(p[i]))
                     small.append((support, r))
                     members[child] = members[node][column == support[i]]
+                    accept[child] = accept[node] * self.estimate(counts, rank)
                     new.append(child)
             if not new:
                 break
@@ -276,6 +370,19 @@ class DatastoreDraft(Draft):
             row[torch.tensor(support)] = r
         tree.rows = list(full)
         return tree.tokens, full, tree
+
+    def estimate(self, counts: np.ndarray, rank: int) -> float:
+        """The stop rule's chance that a node's rank-th child is accepted, given its parent was: the rank-th
+        largest count / (total + pseudo_count) (see the module docstring for temperature > 0)."""
+        return float(counts[rank]) / (float(counts.sum()) + self._pseudo_count)
+
+    def worth_adding(self, tree: Tree, accept: dict, plan: list) -> bool:
+        """Whether the planned level raises expected tokens per target call / v(nodes) (the stop rule)."""
+        now = 1.0 + sum(accept[i] for i in range(len(tree)))
+        gain = sum(accept[node] * self.estimate(counts, rank) for node, _, counts, _, _, m in plan
+                   for rank in range(m))
+        size = len(tree) + sum(entry[-1] for entry in plan)
+        return (now + gain) / self.cost(size) > now / self.cost(len(tree))
 
     def children_of(self, p: torch.Tensor, m: int, greedy: bool, generator=None):
         """A node's m children as indices into its support (ranked by count) and the row over the support each
