@@ -52,7 +52,7 @@ from specrepro.experiments import plots
 from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
 from specrepro.experiments.results import markdown_table
 from specrepro.experiments.sweep import run_lookahead_sweep
-from specrepro.experiments.workloads import code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug, tuned_target
+from specrepro.experiments.workloads import code_items, compute_dtype, eos_ids, load_target, make_draft, news_items, slug, tuned_target, with_pass_costs
 
 os.chdir(repo_root())
 results_dir = results_folder("02_lookahead_sweep", globals())  # keyed by the effective parameters and the code
@@ -65,6 +65,7 @@ p_model = make_draft(draft, q_model, dtype=q_model.dtype, device=device)
 runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
 if compute_dtype(runner) != q_model.dtype:  # a model draft computes in the dtype the tuned target runs in
     p_model = make_draft(draft, q_model, dtype=compute_dtype(runner), device=device)
+p_model = with_pass_costs(p_model, meta["tune"])  # a datastore draft stops where a token does not pay
 prompts = {"news": news_items(tokenizer, n_news, news_source), "code": code_items(tokenizer, n_code, code_source)}
 meta["prompt_sources"] = {t: items[0]["source"] for t, items in prompts.items()}
 

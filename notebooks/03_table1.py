@@ -70,7 +70,7 @@ from specrepro.experiments import plots
 from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
 from specrepro.experiments.results import markdown_table
 from specrepro.experiments.table1 import PAPER_TABLE1_SOURCE, run_table1
-from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, tuned_target
+from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, tuned_target, with_pass_costs
 from specrepro.tasks.sandbox import sandbox_info
 
 os.chdir(repo_root())
@@ -92,6 +92,7 @@ runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
 # a model draft computes in the dtype the tuned target runs in
 p_models = {d: p_model if i == 0 and compute_dtype(runner) == q_model.dtype
             else make_draft(d, q_model, dtype=compute_dtype(runner), device=device) for i, d in enumerate(drafts)}
+p_models = {d: with_pass_costs(m, meta["tune"]) for d, m in p_models.items()}  # datastore: its stop rule
 news = news_items(tokenizer, n_news, news_source)
 code = code_items(tokenizer, n_code, code_source)
 

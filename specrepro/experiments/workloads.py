@@ -135,6 +135,18 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
     return setting.target, summary
 
 
+def with_pass_costs(draft, summary: dict):
+    """draft, with the tuned setting's measured v(n) (summary["v"] from tuned_target) given to every datastore
+    draft in it (a hybrid's parts too), so its stop rule weighs each proposed token against what verifying
+    it costs on this machine. Other drafts are returned unchanged."""
+    from ..drafts.datastore import DatastoreDraft
+
+    for part in (draft, getattr(draft, "fallback", None)):
+        if isinstance(part, DatastoreDraft):
+            part.pass_costs = summary["v"]
+    return draft
+
+
 def parse_ks(text: str) -> list[int]:
     """'1,2,4' or '1-7' or '1,2,...,7'."""
     text = text.replace(" ", "")

@@ -1,0 +1,228 @@
+"""The result tables of README.md and docs/results.md, rendered from the figures' CSV and JSON files alone.
+
+    python -m specrepro.experiments.summary                       # print every block
+    python -m specrepro.experiments.summary --write README.md docs/results.md
+    python -m specrepro.experiments.summary --check README.md docs/results.md
+
+In a Markdown file, the text between `<!-- summary:NAME -->` and `<!-- /summary -->` is the block NAME
+(see BLOCKS): --write replaces it with the rendering of the files in --figures, --check fails where it
+differs. tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
+cannot drift from the file it cites. The prose around the blocks is written by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from .table1 import PAPER_TABLE1
+
+# What the paper's Figure 1 says, for our Figure 1 table: the caption and text give the best K for XSum and
+# the trend; its per-K speedups are bars in a plot that were not transcribed (no copy of the PDF offline).
+# K = 4 is Table 1's setting, whose speedups the paper does state (nucleus, PAPER_TABLE1).
+PAPER_FIGURE1 = {
+    3: "XSum: the best K",
+    4: "XSum {news}x, HumanEval {humaneval}x (its Table 1, nucleus)",
+}
+PAPER_FIGURE1_TREND = ("acceptance per token falls and the loop time grows about linearly with K (per-K bars "
+                       "not transcribed)")
+
+BENCHMARK = {"news": "news", "humaneval": "HumanEval", "code": "code"}
+
+
+def _read(figures: Path, name: str) -> tuple[dict, list[dict]]:
+    """(meta, rows) of figures/<name>.json and .csv; a clear error where either is missing."""
+    meta_path, csv_path = figures / f"{name}.json", figures / f"{name}.csv"
+    for path in (meta_path, csv_path):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: run `make reproduce` (or its notebook) first")
+    meta = json.loads(meta_path.read_text())["meta"]
+    with open(csv_path, newline="") as f:
+        rows = [{k: _value(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return meta, rows
+
+
+def _value(text: str):
+    if text == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _ok(x) -> bool:
+    return isinstance(x, float) and not math.isnan(x)
+
+
+def _ci(row: dict, key: str, digits: int = 2) -> str:
+    """'1.46 [1.33, 1.61]' (the interval where the row has one)."""
+    if not _ok(row.get(key)):
+        return ""
+    text = f"{row[key]:.{digits}f}"
+    lo, hi = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+    return text + (f" [{lo:.{digits}f}, {hi:.{digits}f}]" if _ok(lo) and _ok(hi) else "")
+
+
+def run_line(meta: dict) -> str:
+    """Commit, date, machine and tuned setting of one notebook's run, as a sentence."""
+    prov, machine, tune = meta.get("provenance", {}), meta.get("machine", {}), meta.get("tune") or {}
+    commit = (prov.get("commit") or "unknown")[:7] + (" with uncommitted changes" if prov.get("dirty") else "")
+    flags = " ".join(f for f in machine.get("cpu_flags", []))
+    setting = tune.get("setting", meta.get("dtype", "?"))
+    one = tune.get("one_token_ms")
+    return (f"notebook {meta.get('notebook', '?')} of commit {commit} (code digest {prov.get('code_digest', '?')}), "
+            f"started {meta.get('started', '?')} UTC; {machine.get('cpu_model', '?')}, "
+            f"{machine.get('cpu_count', '?')} cores, {flags}; torch {machine.get('torch', '?')}, "
+            f"{machine.get('torch_threads', '?')} threads; tuned setting {setting}"
+            + (f" (one-token pass {one:.1f} ms)" if isinstance(one, (int, float)) else ""))
+
+
+def _result(row: dict) -> str:
+    metric = row.get("metric") or ""
+    return f"{metric} {row['result']:.3f}" if _ok(row.get("result")) else ""
+
+
+def table1(figures: Path) -> str:
+    meta, rows = _read(figures, "table1")
+    out = ["| benchmark, decoding | paper: ArS -> SpS | paper speedup | n | draft | ours: ArS -> SpS "
+           "| our speedup [CI] | our tau [CI] | greedy text = ArS |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    groups = []
+    for r in rows:
+        if (r["benchmark"], r["decoding"]) not in groups:
+            groups.append((r["benchmark"], r["decoding"]))
+    for bench, decoding in groups:
+        mine = [r for r in rows if (r["benchmark"], r["decoding"]) == (bench, decoding)]
+        ars = next(r for r in mine if r["method"] == "ArS")
+        paper = {p["method"]: p for p in PAPER_TABLE1 if (p["benchmark"], p["decoding"]) == (bench, decoding)}
+        paper_text = (f"{paper['ArS']['result']:.3f} -> {paper['SpS']['result']:.3f}" if paper
+                      else "(not in the paper)")
+        paper_speed = f"{paper['SpS']['speedup']:.2f}x" if paper else ""
+        for i, sps in enumerate(r for r in mine if r["method"] == "SpS"):
+            same = sps.get("identical_text")
+            out.append("| " + " | ".join([
+                f"{BENCHMARK[bench]} {decoding}" if i == 0 else "", paper_text if i == 0 else "",
+                paper_speed if i == 0 else "", f"{int(sps['n_items'])}" if i == 0 else "", str(sps["draft"]),
+                f"{_result(ars)} -> {sps['result']:.3f}", f"**{_ci(sps, 'speedup')}**", _ci(sps, "tau"),
+                f"{same:.0%}" if decoding == "greedy" and _ok(same) else "",
+            ]) + " |")
+    return "\n".join(out)
+
+
+def table1_quality(figures: Path) -> str:
+    """The paired quality tests of Table 1 (one family; notebook 03 prints the verdicts)."""
+    meta, rows = _read(figures, "table1")
+    out = ["| benchmark, decoding | draft | n pairs | ArS ms/token | SpS ms/token | quality: SpS - ArS [CI] "
+           "| Wilcoxon p |", "|---|---|---|---|---|---|---|"]
+    for sps in (r for r in rows if r["method"] == "SpS"):
+        ars = next(r for r in rows if (r["benchmark"], r["decoding"], r["method"]) ==
+                   (sps["benchmark"], sps["decoding"], "ArS"))
+        key = "quality" if _ok(sps.get("quality_mean_difference")) else "pass"
+        diff = sps.get(f"{key}_mean_difference")
+        lo, hi = sps.get(f"{key}_difference_ci_low"), sps.get(f"{key}_difference_ci_high")
+        p = sps.get(f"{key}_wilcoxon_p")
+        out.append("| " + " | ".join([
+            f"{BENCHMARK[sps['benchmark']]} {sps['decoding']}", str(sps["draft"]),
+            f"{int(sps['n_pairs'])}" if _ok(sps.get("n_pairs")) else "",
+            _ci(ars, "ms_per_token", 1), _ci(sps, "ms_per_token", 1),
+            (f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" if _ok(diff) and _ok(lo) else ""),
+            f"{p:.3g}" if _ok(p) else "",
+        ]) + " |")
+    return "\n".join(out)
+
+
+def figure1(figures: Path) -> str:
+    meta, rows = _read(figures, "lookahead_sweep")
+    paper_speed = {p["benchmark"]: f"{p['speedup']:.2f}" for p in PAPER_TABLE1
+                   if p["method"] == "SpS" and p["decoding"] == "nucleus"}
+    tasks = [t for t in ("news", "code") if any(r["task"] == t for r in rows)]
+    out = ["| K | paper | " + " | ".join(f"ours, {t}: SpS / ArS [CI] (tau)" for t in tasks) + " |",
+           "|---|---|" + "---|" * len(tasks)]
+
+    def cell(r):
+        return f"{_ci(r, 'speedup')} ({r['tau']:.2f})" if r else ""
+
+    chains = sorted({int(r["K"]) for r in rows if not r.get("tree") and r["K"] > 0})
+    best = {t: max((r for r in rows if r["task"] == t and not r.get("tree") and r["K"] > 0),
+                   key=lambda r: r["speedup"]) for t in tasks}
+    for k in chains:
+        paper = PAPER_FIGURE1.get(k, "").format(**paper_speed)
+        cells = []
+        for t in tasks:
+            r = next(r for r in rows if r["task"] == t and int(r["K"]) == k and not r.get("tree"))
+            cells.append(("**" + cell(r) + "** (best)") if r is best[t] else cell(r))
+        out.append(f"| {k} | {paper} | " + " | ".join(cells) + " |")
+    for tree in sorted({r["tree"] for r in rows if r.get("tree")}):
+        cells = [cell(next((r for r in rows if r["task"] == t and r.get("tree") == tree), None)) for t in tasks]
+        out.append(f"| tree {tree} | | " + " | ".join(cells) + " |")
+    out.append(f"| trend | {PAPER_FIGURE1_TREND} | " + " | ".join("" for _ in tasks) + " |")
+    return "\n".join(out)
+
+
+def figure1_settings(figures: Path) -> str:
+    meta, _ = _read(figures, "lookahead_sweep")
+    return (f"draft: {meta.get('draft')}; {meta.get('n_news')} news + {meta.get('n_code')} HumanEval prompts, "
+            f"{meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature')}, "
+            f"top-p {meta.get('top_p')}; {run_line(meta)}")
+
+
+def table1_settings(figures: Path) -> str:
+    meta, _ = _read(figures, "table1")
+    return (f"K = {meta.get('lookahead')}; drafts: {', '.join(meta.get('drafts') or [])}; news nucleus "
+            f"temperature {meta.get('news_temperature')}, top-p {meta.get('news_top_p')}; HumanEval nucleus "
+            f"temperature {meta.get('code_temperature')}, top-p {meta.get('code_top_p')}, "
+            f"{meta.get('code_samples')} samples per problem; {run_line(meta)}")
+
+
+BLOCKS = {"table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
+          "figure1": figure1, "figure1_settings": figure1_settings}
+BLOCK = re.compile(r"(<!-- summary:(\w+) -->\n)(.*?)(<!-- /summary -->)", re.S)
+
+
+def render_file(text: str, figures: Path) -> str:
+    """text with every summary block rendered from `figures`."""
+    def fill(m):
+        name = m.group(2)
+        if name not in BLOCKS:
+            raise ValueError(f"unknown summary block {name!r}; known: {', '.join(BLOCKS)}")
+        return m.group(1) + BLOCKS[name](figures) + "\n" + m.group(4)
+    return BLOCK.sub(fill, text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specrepro.experiments.summary", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--figures", default="figures", help="the results folder (default: figures)")
+    ap.add_argument("--write", nargs="*", default=[], metavar="FILE", help="rewrite the blocks in these files")
+    ap.add_argument("--check", nargs="*", default=[], metavar="FILE", help="fail where a block is out of date")
+    args = ap.parse_args(argv)
+    figures = Path(args.figures)
+    if not args.write and not args.check:
+        for name, fn in BLOCKS.items():
+            print(f"<!-- summary:{name} -->\n{fn(figures)}\n<!-- /summary -->\n")
+        return 0
+    stale = []
+    for path in map(Path, args.write + args.check):
+        text = path.read_text()
+        if not BLOCK.search(text):
+            ap.error(f"{path} has no <!-- summary:NAME --> block")
+        new = render_file(text, figures)
+        if path in map(Path, args.write):
+            if new != text:
+                path.write_text(new)
+                print(f"updated {path}")
+        elif new != text:
+            stale.append(str(path))
+    if stale:
+        print(f"out of date with {figures}/: {', '.join(stale)} (run with --write)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The README's and docs/results.md's result blocks are the rendering of the committed figures' files."""
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specrepro.experiments import summary
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ["README.md", "docs/results.md"]
+
+
+def test_committed_blocks_match_the_committed_figures(capsys):
+    for doc in DOCS:
+        assert summary.BLOCK.search((ROOT / doc).read_text()), f"{doc} lost its summary blocks"
+    rc = summary.main(["--figures", str(ROOT / "figures"), "--check", *[str(ROOT / d) for d in DOCS]])
+    assert rc == 0, capsys.readouterr().err + " (python -m specrepro.experiments.summary --write README.md docs/results.md)"
+
+
+@pytest.fixture
+def figures(tmp_path):
+    out = tmp_path / "figures"
+    out.mkdir()
+    for name in ("table1", "lookahead_sweep"):
+        for ext in ("csv", "json"):
+            shutil.copy(ROOT / "figures" / f"{name}.{ext}", out / f"{name}.{ext}")
+    return out
+
+
+def test_a_changed_number_makes_the_check_fail(figures, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- summary:table1 -->\nold\n<!-- /summary -->\nafter\n")
+    assert summary.main(["--figures", str(figures), "--check", str(doc)]) == 1
+    assert summary.main(["--figures", str(figures), "--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("before\n") and text.endswith("<!-- /summary -->\nafter\n") and "old" not in text
+    assert summary.main(["--figures", str(figures), "--check", str(doc)]) == 0
+    # one speedup changed in the CSV: the rendered table differs, so the check fails
+    csv = figures / "table1.csv"
+    lines = csv.read_text().splitlines()
+    header = lines[0].split(",")
+    i = next(j for j, line in enumerate(lines) if ",SpS," in line)
+    cells = lines[i].split(",")
+    cells[header.index("speedup")] = "9.87654"
+    lines[i] = ",".join(cells)
+    csv.write_text("\n".join(lines) + "\n")
+    assert "9.88" in summary.table1(figures)
+    assert summary.main(["--figures", str(figures), "--check", str(doc)]) == 1
+
+
+def test_figure1_marks_the_best_k_and_fills_the_papers_k4(figures):
+    text = summary.figure1(figures)
+    assert text.count("(best)") == 2  # one per task
+    k4 = next(line for line in text.splitlines() if line.startswith("| 4 |"))
+    assert "1.92x" in k4 and "2.46x" in k4
+
+
+def test_missing_files_and_unknown_blocks_are_named(tmp_path, figures):
+    with pytest.raises(FileNotFoundError, match="table1.json is missing"):
+        summary.table1(tmp_path)
+    with pytest.raises(ValueError, match="unknown summary block 'tabel1'"):
+        summary.render_file("<!-- summary:tabel1 -->\n<!-- /summary -->", figures)
