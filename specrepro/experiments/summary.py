@@ -12,13 +12,13 @@ cannot drift from the file it cites. The prose around the blocks is written by h
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import re
 import sys
 from pathlib import Path
 
+from .results import read_csv
 from .table1 import PAPER_TABLE1
 
 # What the paper's Figure 1 says, for our Figure 1 table: the caption and text give the best K for XSum and
@@ -40,23 +40,12 @@ def _read(figures: Path, name: str) -> tuple[dict, list[dict]]:
     for path in (meta_path, csv_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: run `make reproduce` (or its notebook) first")
-    meta = json.loads(meta_path.read_text())["meta"]
-    with open(csv_path, newline="") as f:
-        rows = [{k: _value(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    return meta, rows
-
-
-def _value(text: str):
-    if text == "":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    return json.loads(meta_path.read_text())["meta"], read_csv(csv_path)
 
 
 def _ok(x) -> bool:
-    return isinstance(x, float) and not math.isnan(x)
+    """A number to print (read_csv gives ints, floats, nan, strings or None)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 def _ci(row: dict, key: str, digits: int = 2) -> str:
@@ -92,11 +81,7 @@ def table1(figures: Path) -> str:
     out = ["| benchmark, decoding | paper: ArS -> SpS | paper speedup | n | draft | ours: ArS -> SpS "
            "| our speedup [CI] | our tau [CI] | greedy text = ArS |",
            "|---|---|---|---|---|---|---|---|---|"]
-    groups = []
-    for r in rows:
-        if (r["benchmark"], r["decoding"]) not in groups:
-            groups.append((r["benchmark"], r["decoding"]))
-    for bench, decoding in groups:
+    for bench, decoding in dict.fromkeys((r["benchmark"], r["decoding"]) for r in rows):
         mine = [r for r in rows if (r["benchmark"], r["decoding"]) == (bench, decoding)]
         ars = next(r for r in mine if r["method"] == "ArS")
         paper = {p["method"]: p for p in PAPER_TABLE1 if (p["benchmark"], p["decoding"]) == (bench, decoding)}
