@@ -60,7 +60,8 @@ runner, meta["tune"] = tuned_target(q_model, make_draft("lookup", q_model), dtyp
 prompts = {"news": news_items(tokenizer, n_news), "code": code_items(tokenizer, n_code)}
 rows = measure_drafts(q_model, drafts, prompts, lookaheads, max_new_tokens, temperatures,
                          Path(results_dir) / "drafts.jsonl", seed=seed, eos=eos_ids(tokenizer), top_p=top_p,
-                         dtype=compute_dtype(runner), runner=runner, trees=trees)  # drafts compute as the target runs
+                         dtype=compute_dtype(runner), runner=runner, trees=trees,  # drafts compute as the target runs
+                         pass_costs=meta["tune"]["v"])  # a datastore draft stops where a token does not pay
 write_outputs(out_dir, "drafts", rows, meta)
 Image(plots.plot_drafts(out_dir)[0])
 

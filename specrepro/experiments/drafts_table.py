@@ -6,12 +6,12 @@ from pathlib import Path
 
 from ..drafts.spec import make_draft
 from .sweep import run_lookahead_sweep
-from .workloads import compute_dtype, slug
+from .workloads import compute_dtype, slug, with_pass_costs
 
 
 def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]], lookaheads, max_new_tokens: int,
                    temperatures, results_path, seed: int = 0, eos=None, top_p=None, dtype=None,
-                   runner=None, trees=()) -> list[dict]:
+                   runner=None, trees=(), pass_costs=None) -> list[dict]:
     """Per draft, task and temperature: acceptance a (MLE), tau at each K, c, v(K), measured and predicted speedup;
     with `trees` (TreeSpecs or 'WIDTHxDEPTH[/NODES]'), also each token tree's tau and speedup per draft.
 
@@ -19,6 +19,9 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
     resumable lookahead sweep (K = 0, ArS, is its baseline), so c and v(K) are measured in the same run.
     runner: what generates as the target (e.g. a tuned LeanRunner); default the HF model itself. Drafts are
     built from the HF model `target`, computing in `dtype` (default: the runner's, see compute_dtype).
+    pass_costs: the runner's measured v(n) (tuned_target's summary["v"]), given to every datastore draft for
+    its stop rule (workloads.with_pass_costs), as notebooks 02 and 03 run it; None: datastore drafts propose
+    every token a match allows.
     """
     if dtype is None:
         dtype = compute_dtype(runner if runner is not None else target)
@@ -26,6 +29,8 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
     path = Path(results_path)
     for spec in draft_specs:
         draft = make_draft(spec, target, dtype=dtype)
+        if pass_costs is not None:
+            draft = with_pass_costs(draft, {"v": pass_costs})
         for temp in temperatures:
             sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}{path.suffix}")
             out = run_lookahead_sweep(runner if runner is not None else target, draft, prompts, lookaheads, max_new_tokens,

@@ -3,6 +3,8 @@
 specrepro-drafts measure [--drafts lookup small feature ...] [--ks 1-7] [--news 2] [--code 2]
     [--temps 0 1] [--new-tokens 24] [--dtype bfloat16] [--threads 2] [--out figures/drafts/measure]
     [--tree 3x4 ...]   (each draft also verifies these token trees, timed and on the same prompts)
+    [--no-stop-rule]   (datastore drafts propose every token a match allows, instead of stopping where the
+                        tuned runner's measured v(n) says one more token does not pay)
 
 Held-out prompts: news eval articles (chat template, summarisation request) and HumanEval prompts. Each
 (draft, temperature) is one lookahead sweep with ArS as its baseline, timed in this run; items are kept in
@@ -47,6 +49,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tree", nargs="*", default=[], metavar="WIDTHxDEPTH",
                         help="also verify these token trees per target call (rows with the tree set; "
                              "for tau alone, timing-free: specrepro-tree-tau)")
+    parser.add_argument("--no-stop-rule", action="store_true",
+                        help="do not give datastore drafts the tuned runner's v(n) (their stop rule is off)")
     args = parser.parse_args(argv)
     try:
         ks = parse_ks(args.ks)
@@ -68,7 +72,7 @@ def main(argv=None) -> list[dict]:
     prompts = {task: items for task, items in prompts.items() if items}
     rows = measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
                              seed=args.seed, eos=eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
-                             trees=trees)
+                             trees=trees, pass_costs=None if args.no_stop_rule else tuned["v"])
     meta = {"machine": machine_info(), "torch": torch.__version__, **portable_args(vars(args)), "threads": threads, "tune": tuned}
     out = Path(args.out)
     write_outputs(out.parent, out.name, rows, meta)

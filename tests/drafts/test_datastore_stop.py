@@ -182,3 +182,20 @@ def test_notebooks_give_datastore_drafts_the_tuned_costs():
     hybrid = with_pass_costs(HybridDraft(tiny_draft()), {"v": v})
     for d in (plain, hybrid.fallback):
         assert d.pass_costs is not None and d.pass_costs[4] == pytest.approx(1.5)
+
+
+def test_measure_drafts_gives_datastore_drafts_the_runner_costs(monkeypatch):
+    """specrepro-drafts measure and notebook 04 pass the tuned v(n) to datastore drafts (the rule on), and
+    without it (--no-stop-rule) they propose every token a match allows."""
+    from specrepro.experiments import drafts_table
+
+    seen = []
+    monkeypatch.setattr(drafts_table, "make_draft", lambda spec, target, dtype=None: tiny_draft())
+    monkeypatch.setattr(drafts_table, "run_lookahead_sweep",
+                        lambda runner, draft, *a, **kw: seen.append(draft.pass_costs) or {"rows": []})
+    v = {"1": 1.1, "2": 1.2, "3": 1.3, "4": 1.5}
+    drafts_table.measure_drafts(None, ["datastore"], {}, [4], 8, [0.0], "runs/x.jsonl", dtype=torch.float32,
+                                pass_costs=v)
+    drafts_table.measure_drafts(None, ["datastore"], {}, [4], 8, [0.0], "runs/x.jsonl", dtype=torch.float32)
+    assert seen[0] is not None and seen[0][4] == pytest.approx(1.5)
+    assert seen[1] is None
