@@ -41,6 +41,17 @@ class HybridDraft(Draft):
         super().reset()
         self.fallback.reset()
 
+    def fit_vocab(self, target_vocab: int) -> None:
+        """Fit both proposers to a target whose vocabulary differs from the fallback's only in padding rows
+        (ModelDraft.fit_vocab says when that holds); any other difference is the fallback's error."""
+        if target_vocab == self.vocab_size:
+            return
+        if not hasattr(self.fallback, "fit_vocab"):
+            raise ValueError(f"draft and target vocabularies differ ({self.vocab_size} vs {target_vocab} tokens): "
+                             "the draft must use the target's tokenizer")
+        self.fallback.fit_vocab(target_vocab)
+        self.vocab_size = self.lookup.vocab_size = self.fallback.vocab_size
+
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
         tokens, p = self.lookup.propose(seq, k, sampling, generator)
         if tokens.numel():

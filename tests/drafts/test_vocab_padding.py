@@ -86,3 +86,20 @@ def test_make_draft_records_the_tokenizer_length(monkeypatch):
     gen = sr.speculative_generate(padded_target(0, 8), draft, PROMPT, max_new_tokens=4,
                                   generator=torch.Generator().manual_seed(0))
     assert gen.tokens.numel() == 4
+
+
+def test_a_hybrid_draft_fits_its_model_part_to_a_padded_target():
+    """lookup+model over a padded pair: both parts speak the target's columns, greedy SpS equals ArS, and a
+    hybrid whose model's tokenizer length is unknown is the same clear error as the model alone."""
+    from specrepro.drafts import HybridDraft
+
+    target = padded_target(2, 8)
+    prompt = torch.tensor([0, 3, 1, 0, 3])  # a repeated n-gram, so lookup proposes too
+    hybrid = HybridDraft(ModelDraft(tiny_llama(3, vocab=6), tokens=TOKENS))
+    ars = sr.autoregressive_generate(target, prompt, max_new_tokens=12, temperature=0)
+    sps = sr.speculative_generate(target, hybrid, prompt, max_new_tokens=12, lookahead=3, temperature=0)
+    assert torch.equal(ars.tokens, sps.tokens)
+    assert hybrid.vocab_size == hybrid.lookup.vocab_size == hybrid.fallback.vocab_size == 8
+    assert hybrid.lookup_loops > 0 and hybrid.fallback_loops > 0
+    with pytest.raises(ValueError, match="give the tokenizer's length"):
+        sr.speculative_generate(target, HybridDraft(ModelDraft(tiny_llama(1, vocab=6))), PROMPT, max_new_tokens=3)
