@@ -42,6 +42,26 @@ def frequent_tokens(data: dict, n: int, special: list[int]) -> torch.Tensor:
     return full.topk(min(n, vocab)).indices.sort().values
 
 
+def frequency_subset(keep: torch.Tensor | None, counts: torch.Tensor, n: int, vocab: int,
+                     special=()) -> torch.Tensor:
+    """Sorted ids of the n tokens of `keep` (None: the whole vocabulary) that `counts` [>= vocab or fewer
+    entries; missing ones count 0] ranks highest, ties to the lower id, `special` ids (EOS) always in: the
+    frequency-ranked subset FR-Spec cuts a draft's LM head to. Errors name a bad n."""
+    kept = torch.arange(vocab) if keep is None else keep.detach().cpu().long()
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(kept):
+        raise ValueError(f"head_vocab must be an integer in 1..{len(kept)} (the tokens this draft's head covers), "
+                         f"got {n!r}")
+    full = torch.zeros(vocab, dtype=torch.float64)
+    counts = torch.as_tensor(counts, dtype=torch.float64).flatten()[:vocab]
+    full[: len(counts)] = counts
+    score = full[kept]
+    special = [int(t) for t in special if 0 <= int(t) < vocab]
+    if special:
+        score[torch.isin(kept, torch.tensor(special))] = float("inf")
+    order = torch.argsort(-score, stable=True)  # kept is sorted by id, so ties go to the lower id
+    return kept[order[:n]].sort().values
+
+
 def remap(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
     """Positions of `ids` inside the kept vocabulary (-1 where a token is not kept)."""
     index = torch.full((vocab,), -1, dtype=torch.long, device=keep.device)

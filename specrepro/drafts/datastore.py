@@ -65,6 +65,23 @@ def shipped_tokens() -> Path:
     return shipped_root() / "datastore" / "tokens.jsonl.gz"
 
 
+def written_token_counts(target_name: str, vocab: int, path: str | Path | None = None) -> torch.Tensor:
+    """[vocab] counts of each token in the text the target wrote for the datastore (the shipped token file,
+    or `path`): a frequency ranking of what this target emits, for cutting a trained draft's head to its most
+    frequent tokens. The shipped file serves only the target that wrote it (its manifest names it)."""
+    if path is None:
+        path = shipped_tokens()
+        manifest = path.parent / "manifest.json"
+        wrote = json.loads(manifest.read_text())["target"] if manifest.exists() else None
+        if wrote != target_name:
+            raise ValueError(f"the shipped datastore text was written by {wrote!r}, not {target_name!r}: pass "
+                             "token_counts (how often the target emits each token) to rank its head")
+    flat = [t for s in read_sequences(path) for t in s]
+    if flat and max(flat) >= vocab:
+        raise ValueError(f"token id {max(flat)} in {path} is outside the vocabulary of {vocab} tokens")
+    return torch.bincount(torch.tensor(flat, dtype=torch.long), minlength=vocab).float()
+
+
 def check_pass_costs(costs) -> dict[int, float] | None:
     """{n: v(n)} for n = 1..N from a sequence (v(1), ..., v(N)) or a dict keyed 1..N (int or str keys, as
     sr.tune's costs["v"] before and after a JSON round trip); None stays None (no stop rule). v(0) = 1."""

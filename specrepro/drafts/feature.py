@@ -40,6 +40,19 @@ class FrozenTargetParts:
         if dtype is not None:
             self.emb, self.head = self.emb.to(dtype), self.head.to(dtype)
 
+    def restrict(self, n: int, counts: torch.Tensor, special=()) -> None:
+        """Cut the head to the n currently kept tokens `counts` ranks highest (common.frequency_subset; FR-Spec's
+        frequency-ranked head, applied to a trained draft without retraining it). The head is the target's
+        frozen one, so the kept rows are unchanged; p renormalises over fewer tokens and stays a proper
+        distribution over the full vocabulary (zero elsewhere), so verification stays exact."""
+        from .common import frequency_subset
+
+        old = self.keep_ids
+        new = frequency_subset(old, counts, n, self.vocab, special)
+        rows = new if old is None else torch.searchsorted(old.cpu(), new)
+        self.head = self.head[rows.to(self.head.device)].contiguous()
+        self.keep = new.to(self.keep.device)
+
     @property
     def keep_ids(self):
         return None if self.keep.numel() == 0 else self.keep

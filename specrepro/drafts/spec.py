@@ -12,7 +12,8 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
     """A draft from a short spec.
 
     "truncated:N": the target's first N layers with its final norm and LM head, sharing the target's
-    modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "model:<HF id or dir>" or a
+    modules (specrepro.drafts.lookup.truncated_model; in the target's dtype). "feature:N" / "heads:N": that
+    trained draft with its LM head cut to the N most frequent tokens (load's head_vocab). "model:<HF id or dir>" or a
     local model directory: a causal LM with the target's tokenizer (its vocabulary may be padded
     differently from the target's, as Qwen2.5's 0.5B and 7B are: the model carries its tokenizer's length). "lookup+<spec>": prompt lookup, falling
     back to <spec> where the context has no n-gram match (specrepro.drafts.HybridDraft). Anything else: a
@@ -41,4 +42,9 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
         return model
     from .trainer import load
 
+    kind, _, n = spec.partition(":")
+    if n and kind in ("feature", "heads"):
+        if not n.isdigit():
+            raise ValueError(f"draft spec {spec!r}: after {kind}: comes the head's token count, e.g. {kind}:4096")
+        return load(kind, target=target, dtype=dtype, head_vocab=int(n))
     return load(spec, target=target, dtype=dtype)

@@ -348,17 +348,25 @@ def artifacts_digest(kinds, root=None) -> str:
     return h.hexdigest()[:12]
 
 
-def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype: torch.dtype | None = None):
+def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype: torch.dtype | None = None,
+         head_vocab: int | None = None, token_counts=None):
     """A ready Draft from a trained artifact (the newest for this kind and target unless `path`).
 
     With no `path` and no `root`, a kind the cache has no artifact of comes from the repository's shipped
     artifacts (drafts/shipped.py), whose weights are checked against their recorded hash first.
     dtype: what the draft computes in; default the target model's. Give the target runner's compute dtype
     when it differs from the model's (a float32 model run by a bfloat16 LeanRunner): a bfloat16 draft step
-    costs about half a float32 one on CPU. The target model itself is never cast."""
+    costs about half a float32 one on CPU. The target model itself is never cast.
+    head_vocab (feature and heads drafts): cut the head to this many of its tokens, the most frequent by
+    token_counts ([V] counts; default: the tokens in the shipped datastore's target-written text, for the
+    target that wrote it), EOS always kept: FR-Spec's frequency-ranked head, a cheaper step for a lower
+    acceptance; lossless either way."""
     from transformers import LlamaForCausalLM
 
     check_kind(kind, KINDS + FREE_KINDS)
+    if head_vocab is not None and kind not in ("feature", "heads"):
+        raise ValueError(f"head_vocab cuts the frozen LM head of the feature and heads drafts; a {kind!r} draft "
+                         "has none to cut")
     if isinstance(target, str):
         target, _ = load_model(target)
     if kind == "lookup":
@@ -406,4 +414,18 @@ def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype:
             f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
             f"and train again: specrepro-drafts train {kind}"
         ) from None
+    if head_vocab is not None:
+        from .datastore import written_token_counts
+
+        counts = written_token_counts(name, net.vocab) if token_counts is None else token_counts
+        net.restrict(head_vocab, counts, special=eos_of(target))
     return make_draft(kind, net, target)
+
+
+def eos_of(target) -> list[int]:
+    """The target's end-of-sequence ids (its config's and generation config's)."""
+    ids = []
+    for cfg in (target.config, getattr(target, "generation_config", None)):
+        eos = getattr(cfg, "eos_token_id", None)
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    return sorted(set(ids))
