@@ -106,6 +106,23 @@ def check_pass_costs(costs) -> dict[int, float] | None:
     return {n: float(v) for n, v in table.items()}
 
 
+def extend_pass_costs(costs, up_to: int) -> dict[int, float]:
+    """A v(n) table (as check_pass_costs takes it) extended to n = up_to: past the measured N, v grows
+    linearly at the slope of the table's upper half, (v(N) - v(ceil(N / 2))) / (N - ceil(N / 2)), never
+    falling (with N = 1: v(1) - 1). A pass over many tokens is compute-bound, so its cost grows about linearly
+    in them; use it where a token tree needs v beyond the sizes tune measured (a 3x4 tree has up to 30 nodes)."""
+    table = check_pass_costs(costs)
+    if table is None:
+        raise ValueError("extend_pass_costs needs a v(n) table, got None")
+    n_max = len(table)
+    half = (n_max + 1) // 2
+    slope = table[n_max] - 1.0 if n_max == 1 else (table[n_max] - table[half]) / (n_max - half)
+    slope = max(slope, 0.0)
+    for n in range(n_max + 1, int(up_to) + 1):
+        table[n] = table[n_max] + (n - n_max) * slope
+    return table
+
+
 def read_sequences(path: str | Path) -> list[list[int]]:
     """The token sequences of a build file (.jsonl or .jsonl.gz; records with "tail" and "tokens"): each
     the last prompt tokens followed by what the target wrote."""

@@ -199,3 +199,24 @@ def test_measure_drafts_gives_datastore_drafts_the_runner_costs(monkeypatch):
     drafts_table.measure_drafts(None, ["datastore"], {}, [4], 8, [0.0], "runs/x.jsonl", dtype=torch.float32)
     assert seen[0] is not None and seen[0][4] == pytest.approx(1.5)
     assert seen[1] is None
+
+
+def test_extended_costs_grow_linearly_past_the_measured_sizes_and_notebooks_use_them():
+    """A 3x4 tree has up to 30 nodes, tune measures v up to 16: the notebooks' drafts get the table extended
+    at its upper half's slope (never falling), and a 3x4 tree with them runs where the bare table is an error."""
+    from specrepro.drafts.datastore import extend_pass_costs
+    from specrepro.experiments.workloads import with_pass_costs
+
+    v = {"1": 1.1, "2": 1.2, "3": 1.3, "4": 1.5}
+    table = extend_pass_costs(v, 8)
+    assert [round(table[n], 6) for n in range(1, 9)] == [1.1, 1.2, 1.3, 1.5, 1.65, 1.8, 1.95, 2.1]
+    assert extend_pass_costs([1.2], 3)[3] == pytest.approx(1.6)
+    assert extend_pass_costs([1.5, 1.4], 4)[4] == pytest.approx(1.4)  # a falling top is held, not followed
+    with pytest.raises(ValueError, match="needs a v"):
+        extend_pass_costs(None, 4)
+    draft = with_pass_costs(tiny_draft(), {"v": v}, up_to=30)
+    assert draft.pass_costs[30] == pytest.approx(1.5 + 26 * 0.15)
+    sr.speculative_generate(tiny_llama(0), draft, PROMPT, max_new_tokens=8, temperature=0, tree=TreeSpec(3, 4))
+    with pytest.raises(ValueError, match="v\\(n\\) for n up to 4"):
+        sr.speculative_generate(tiny_llama(0), tiny_draft(pass_costs=v), PROMPT, max_new_tokens=8, temperature=0,
+                                tree=TreeSpec(3, 4))
