@@ -1,4 +1,5 @@
 """The training-free drafts: prompt lookup and truncated target layers."""
+import json
 import pytest
 import torch
 
@@ -95,6 +96,8 @@ def test_measure_cli_writes_the_drafts_table(tmp_path, smollm):
     tree_rows = [r for r in rows if r["tree"]]
     assert all(r["nodes"] == 6 and r["predicted_speedup"] != r["predicted_speedup"] for r in tree_rows)  # nan
     assert out.with_suffix(".csv").exists() and out.with_suffix(".json").exists()
+    meta = json.loads(out.with_suffix(".json").read_text())["meta"]
+    assert set(meta["provenance"]) >= {"commit", "dirty", "code_digest"} and len(meta["load_average_end"]) == 3
 
 
 @pytest.mark.parametrize("argv, message", [(["--ks", "0"], "1..32"), (["--temps", "-1"], "--temps"),
