@@ -11,8 +11,9 @@
 # News summarisation (ROUGE-2 against the reference sentence) and HumanEval (unbiased pass@k; completions run
 # only inside `specrepro.tasks.humaneval.check_completion`'s sandbox), with nucleus and greedy decoding:
 # result, mean token time and speedup, with the paper's numbers beside ours. The paper's draft was a trained
-# model; `drafts` runs several drafts (the cpu profile: the trained feature draft and the training-free
-# datastore draft), each as its own SpS row timed against the same ArS items. The `sandbox` column of the
+# model; `drafts` runs several drafts (the cpu profile: the fastest trained draft, heads with its head cut to
+# 1,024 tokens, and the training-free datastore draft), each as its own SpS row timed against the same ArS
+# items. The `sandbox` column of the
 # HumanEval rows names the containment level their verdicts ran under (docs/sandbox.md); the JSON's meta
 # records this machine's full containment once per run.
 #
