@@ -29,8 +29,10 @@ class ModelLoadError(RuntimeError):
 
 
 def specrepro_home() -> Path:
-    """Where converted models, trained drafts and other artifacts are cached."""
-    return Path(os.environ.get("SPECREPRO_HOME", Path.home() / ".cache" / "specrepro")).expanduser()
+    """Where converted models, trained drafts and other artifacts are cached: $SPECREPRO_HOME, or
+    ~/.cache/specrepro where it is unset or empty (an empty one would otherwise mean the working directory,
+    and a checkout would fill with a converted model)."""
+    return Path(os.environ.get("SPECREPRO_HOME") or Path.home() / ".cache" / "specrepro").expanduser()
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

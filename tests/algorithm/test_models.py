@@ -82,3 +82,17 @@ def test_offline_target_facts(smollm):
     assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
     assert tokenizer.bos_token_id == 1 and tokenizer.eos_token_id == 2
     assert "quantization_config" not in model.config.to_dict()
+
+
+def test_an_empty_specrepro_home_is_the_default_not_the_working_directory(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from specrepro.models import specrepro_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SPECREPRO_HOME", "")
+    assert specrepro_home() == tmp_path / ".cache" / "specrepro" != Path("")
+    monkeypatch.delenv("SPECREPRO_HOME")
+    assert specrepro_home() == tmp_path / ".cache" / "specrepro"
+    monkeypatch.setenv("SPECREPRO_HOME", str(tmp_path / "home"))
+    assert specrepro_home() == tmp_path / "home"
