@@ -2,6 +2,8 @@
 prompts, at each K and temperature (notebook 04 and `specrepro-drafts measure`)."""
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from ..drafts.spec import make_draft
@@ -27,12 +29,16 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
         dtype = compute_dtype(runner if runner is not None else target)
     rows = []
     path = Path(results_path)
+    # resumed items must come from the same settings: the file name carries a digest of them
+    made_with = settings_digest(max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, eos=eos, dtype=str(dtype),
+                                pass_costs=pass_costs, trees=[str(t) for t in trees],
+                                prompts={task: [it["id"] for it in items] for task, items in prompts.items()})
     for spec in draft_specs:
         draft = make_draft(spec, target, dtype=dtype)
         if pass_costs is not None:
             draft = with_pass_costs(draft, {"v": pass_costs})
         for temp in temperatures:
-            sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}{path.suffix}")
+            sweep_path = path.with_name(f"{path.stem}-{slug(spec)}-T{temp:g}-{made_with}{path.suffix}")
             out = run_lookahead_sweep(runner if runner is not None else target, draft, prompts, lookaheads, max_new_tokens,
                                       {"temperature": temp, "top_p": top_p}, sweep_path, seed=seed, eos=eos,
                                       trees=trees)
@@ -47,3 +53,10 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
                                  "ms_per_token": r["ms_per_token"], "n_generations": r["n_generations"],
                                  "n_items": r["n_items"]})
     return rows
+
+
+def settings_digest(**settings) -> str:
+    """12 hex digits naming the settings a sweep's items were generated with (so a rerun with other settings,
+    e.g. --no-stop-rule or more new tokens, starts its own file instead of resuming another's)."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

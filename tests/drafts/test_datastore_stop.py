@@ -220,3 +220,19 @@ def test_extended_costs_grow_linearly_past_the_measured_sizes_and_notebooks_use_
     with pytest.raises(ValueError, match="v\\(n\\) for n up to 4"):
         sr.speculative_generate(tiny_llama(0), tiny_draft(pass_costs=v), PROMPT, max_new_tokens=8, temperature=0,
                                 tree=TreeSpec(3, 4))
+
+
+def test_measure_drafts_resumes_only_items_made_with_the_same_settings(monkeypatch, tmp_path):
+    from specrepro.experiments import drafts_table
+
+    paths = []
+    monkeypatch.setattr(drafts_table, "make_draft", lambda spec, target, dtype=None: tiny_draft())
+    monkeypatch.setattr(drafts_table, "run_lookahead_sweep",
+                        lambda runner, draft, prompts, ks, n, sampling, path, **kw: paths.append(path) or {"rows": []})
+    run = dict(target=None, draft_specs=["datastore"], prompts={"news": [{"id": "a"}]}, lookaheads=[4],
+               temperatures=[0.0], results_path=tmp_path / "m.jsonl", dtype=torch.float32)
+    drafts_table.measure_drafts(max_new_tokens=8, **run)
+    drafts_table.measure_drafts(max_new_tokens=8, **run)
+    drafts_table.measure_drafts(max_new_tokens=8, pass_costs={"1": 1.1}, **run)
+    drafts_table.measure_drafts(max_new_tokens=16, **run)
+    assert paths[0] == paths[1] and len(set(paths)) == 3
