@@ -77,3 +77,18 @@ def test_load_cuts_the_shipped_drafts_head_and_refuses_what_it_cannot_cut(smollm
         from specrepro.drafts.datastore import written_token_counts
 
         written_token_counts("another-model", 5)
+
+
+def test_head_cost_cli_times_each_head_size_and_records_its_provenance(tmp_path, smollm):
+    import json
+
+    from specrepro.experiments import head_cost
+
+    out = tmp_path / "head_cost.json"
+    rows = head_cost.main(["--kinds", "heads", "--sizes", "1024", "--reps", "3", "--threads", "1", "--out", str(out)])
+    assert [(r["draft"], r["head_tokens"]) for r in rows] == [("heads", 16384), ("heads:1024", 1024)]
+    assert all(r["draft_ms"] > 0 and r["c"] == pytest.approx(r["draft_ms"] / r["target_one_token_ms"]) for r in rows)
+    meta = json.loads(out.read_text())["meta"]
+    assert {"commit", "dirty", "code_digest"} <= set(meta["provenance"]) and meta["machine"]["cpu_count"] >= 1
+    with pytest.raises(SystemExit):
+        head_cost.main(["--reps", "1"])
