@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engines.lean import LeanRunner, set_threads
-from ..files import atomic_write_text
+from ..files import atomic_write_text, portable_args
 from ..models import load_model
 from ..tuning.costs import measure_cost_table
 from .results import machine_info, provenance
@@ -51,7 +51,7 @@ def main(argv=None) -> list[dict]:
     meta = {"what": f"medians of {args.reps} draft steps (one propose of one token after the first held-out news "
                     f"prompt, {len(prefix)} tokens) and of {args.reps} one-token native bfloat16 target passes after "
                     "it, interleaved; drafts in bfloat16",
-            "args": vars(args), "threads": threads, "machine": machine_info(), "provenance": made_by,
+            "args": portable_args(vars(args)), "threads": threads, "machine": machine_info(), "provenance": made_by,
             "load_average_start": load_start, "load_average_end": os.getloadavg()}
     atomic_write_text(Path(args.out), json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return rows

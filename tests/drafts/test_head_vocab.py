@@ -81,6 +81,7 @@ def test_load_cuts_the_shipped_drafts_head_and_refuses_what_it_cannot_cut(smollm
 
 def test_head_cost_cli_times_each_head_size_and_records_its_provenance(tmp_path, smollm):
     import json
+    import os
 
     from specrepro.experiments import head_cost
 
@@ -90,5 +91,6 @@ def test_head_cost_cli_times_each_head_size_and_records_its_provenance(tmp_path,
     assert all(r["draft_ms"] > 0 and r["c"] == pytest.approx(r["draft_ms"] / r["target_one_token_ms"]) for r in rows)
     meta = json.loads(out.read_text())["meta"]
     assert {"commit", "dirty", "code_digest"} <= set(meta["provenance"]) and meta["machine"]["cpu_count"] >= 1
+    assert not os.path.isabs(meta["args"]["out"])  # no directory of the machine it ran on
     with pytest.raises(SystemExit):
         head_cost.main(["--reps", "1"])
