@@ -13,11 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Draft, common_prefix_length
-from .common import expand_logits, reduced_soft_targets, soft_ce
+from .common import draw_kept, expand_logits, full_rows, reduced_soft_targets, soft_ce
 from .layers import DecoderLayer, KVCache, RMSNorm
 from ..engines.kernels import inference_linear
 from ..engines.runners import context_window, vocab_size
-from ..algorithm.sampling import sample
 
 DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
             "batch": 4, "window": 128}
@@ -136,10 +135,9 @@ class FeatureDraft(Draft):
         seq = seq.to(self.device)
         f, real = self._root_feature(seq, target_hidden)
         tokens, probs = [], []
+        keep = self.net.keep_ids
         for i in range(k):
-            logits = self.net.logits(f[0, -1]).float()
-            p = sampling.probs(expand_logits(logits, self.net.keep_ids, self.vocab_size))
-            token = sample(p, generator)
+            token, p = draw_kept(self.net.logits(f[0, -1]).float(), keep, sampling, generator)
             tokens.append(token)
             probs.append(p)
             if i + 1 < k:
@@ -148,7 +146,7 @@ class FeatureDraft(Draft):
         self.calls += k
         self.cache.truncate(real)  # forget draft positions: they used the draft's own features
         self.tokens = seq
-        return torch.stack(tokens), torch.stack(probs)
+        return torch.stack(tokens), full_rows(torch.stack(probs), keep, self.vocab_size)
 
     @torch.inference_mode()
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):

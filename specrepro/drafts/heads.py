@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Draft
-from .common import expand_logits, reduced_soft_targets, soft_ce
+from .common import draw_kept, expand_logits, full_rows, reduced_soft_targets, soft_ce
 from .feature import FrozenTargetParts
 from ..engines.runners import context_window, vocab_size
-from ..algorithm.sampling import sample
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
@@ -80,15 +79,16 @@ class HeadsDraft(Draft):
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
-        logits = self._logits(seq, target_hidden)  # [K, V]
+        logits = self._logits(seq, target_hidden, expand=False)  # [K, kept tokens]
+        keep = self.net.keep_ids
         tokens, probs = [], []
         for i in range(k):
             # lookahead beyond K reuses the last head: a worse guess, still a proper distribution
-            p = sampling.probs(logits[min(i, len(logits) - 1)])
-            tokens.append(sample(p, generator))
+            token, p = draw_kept(logits[min(i, len(logits) - 1)], keep, sampling, generator)
+            tokens.append(token)
             probs.append(p)
         self.calls += 1
-        return torch.stack(tokens), torch.stack(probs)
+        return torch.stack(tokens), full_rows(torch.stack(probs), keep, self.vocab_size)
 
     @torch.inference_mode()
     def propose_tree(self, seq, spec, sampling, generator=None, target_hidden=None, seed=None):
@@ -102,12 +102,13 @@ class HeadsDraft(Draft):
         return grow(spec, sampling, generator, logits[0],
                     lambda tree, nodes: logits[[min(tree.depths[i], last) for i in nodes]], seed, self.children)
 
-    def _logits(self, seq, target_hidden) -> torch.Tensor:
-        """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device."""
+    def _logits(self, seq, target_hidden, expand: bool = True) -> torch.Tensor:
+        """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device
+        (expand=False: over the kept vocabulary only)."""
         dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
         if target_hidden is not None and target_hidden.shape[0] > 0:
             h = target_hidden[-1].to(self.device, dtype)
         else:  # one-token prompt: no target feature yet
             h = torch.zeros(self.hidden_size, dtype=dtype, device=self.device)
         logits = self.net.logits(self.net.features(h, seq[-1].to(self.device))).float()
-        return expand_logits(logits, self.net.keep_ids, self.vocab_size)
+        return expand_logits(logits, self.net.keep_ids, self.vocab_size) if expand else logits

@@ -94,3 +94,24 @@ def test_head_cost_cli_times_each_head_size_and_records_its_provenance(tmp_path,
     assert not os.path.isabs(meta["args"]["out"])  # no directory of the machine it ran on
     with pytest.raises(SystemExit):
         head_cost.main(["--reps", "1"])
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(0.0), SamplingConfig(1.0), SamplingConfig(0.7, top_k=5),
+                                      SamplingConfig(1.0, top_p=0.9), SamplingConfig(0.8, top_k=3000)])
+def test_drawing_over_the_kept_columns_is_the_full_rows_draw(sampling):
+    """draw_kept (the kept columns only) against the full row with -inf elsewhere, as drafts drew before:
+    the same token for the same uniform, and the same probabilities, on 200 seeds."""
+    from specrepro.algorithm.sampling import sample
+    from specrepro.drafts.common import draw_kept, expand_logits, full_rows
+
+    vocab = 5000
+    keep = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[:700].sort().values
+    for seed in range(200):
+        sub = 3 * torch.randn(len(keep), generator=torch.Generator().manual_seed(seed))
+        ref_p = sampling.probs(expand_logits(sub, keep, vocab))
+        ref = sample(ref_p, torch.Generator().manual_seed(seed))
+        token, p = draw_kept(sub, keep, sampling, torch.Generator().manual_seed(seed))
+        assert int(token) == int(ref)
+        assert torch.allclose(full_rows(p.unsqueeze(0), keep, vocab)[0], ref_p, atol=1e-7, rtol=1e-5)
+    token, p = draw_kept(sub, None, sampling, torch.Generator().manual_seed(0))  # a full head: unchanged
+    assert int(token) == int(sample(sampling.probs(sub), torch.Generator().manual_seed(0)))
