@@ -65,14 +65,18 @@ def shipped_tokens() -> Path:
     return shipped_root() / "datastore" / "tokens.jsonl.gz"
 
 
+def shipped_writer() -> str | None:
+    """The target that wrote the shipped token file, as its manifest.json names it (None without one)."""
+    manifest = shipped_tokens().parent / "manifest.json"
+    return json.loads(manifest.read_text())["target"] if manifest.exists() else None
+
+
 def written_token_counts(target_name: str, vocab: int, path: str | Path | None = None) -> torch.Tensor:
     """[vocab] counts of each token in the text the target wrote for the datastore (the shipped token file,
     or `path`): a frequency ranking of what this target emits, for cutting a trained draft's head to its most
     frequent tokens. The shipped file serves only the target that wrote it (its manifest names it)."""
     if path is None:
-        path = shipped_tokens()
-        manifest = path.parent / "manifest.json"
-        wrote = json.loads(manifest.read_text())["target"] if manifest.exists() else None
+        path, wrote = shipped_tokens(), shipped_writer()
         if wrote != target_name:
             raise ValueError(f"the shipped datastore text was written by {wrote!r}, not {target_name!r}: pass "
                              "token_counts (how often the target emits each token) to rank its head")
@@ -435,9 +439,7 @@ def load_datastore_draft(target, path: str | Path | None = None, target_name: st
     from ..engines.runners import context_window, vocab_size
 
     if path is None:
-        path = shipped_tokens()
-        manifest = path.parent / "manifest.json"
-        wrote = json.loads(manifest.read_text())["target"] if manifest.exists() else None
+        path, wrote = shipped_tokens(), shipped_writer()
         if target_name is not None and wrote is not None and wrote != target_name:
             raise ValueError(f"the shipped datastore was written by {wrote!r}, not {target_name!r}: build one "
                              "for this target with specrepro-drafts datastore build and pass its path")
