@@ -1,6 +1,7 @@
 """Files written atomically: a reader never sees half a result, and a killed writer leaves the old file."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -62,3 +63,12 @@ def portable_args(args: dict) -> dict:
             return portable_path(value)
         return value
     return {k: one(v) for k, v in args.items()}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -12,10 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Draft
-from .common import draw_kept, expand_logits, full_rows, reduced_soft_targets, soft_ce
-from .feature import FrozenTargetParts
-from ..engines.runners import context_window, vocab_size
+from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
@@ -38,34 +35,8 @@ class HeadsNet(nn.Module, FrozenTargetParts):
         return torch.stack([h + out(F.silu(inp(x))) for inp, out in zip(self.inp, self.out)])
 
 
-def heads_loss(net: HeadsNet, batch: dict, cfg: dict) -> torch.Tensor:
-    """Head i at position t learns the target's distribution at t+i (that of token t+1+i)."""
-    k = cfg["heads"]
-    h = batch["hidden"].float()
-    w = h.shape[1] - k
-    f = net.features(h[:, :w], batch["tokens"][:, 1 : w + 1])
-    losses = []
-    for i in range(1, k + 1):
-        logp = net.logits(f[i - 1]).float().log_softmax(-1).flatten(0, 1)
-        ids, p, rest = (batch[name][:, i : i + w] for name in ("top_ids", "top_p", "rest"))
-        if net.keep_ids is not None:
-            ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
-        mask = batch["mask"][:, i : i + w].flatten().float()
-        losses.append(soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), mask))
-    return torch.stack(losses).mean()
-
-
-class HeadsDraft(Draft):
-    wants_target_hidden = True
-
-    def __init__(self, net: HeadsNet, target):
-        super().__init__()
-        self.net = net.eval()
-        self.vocab_size = vocab_size(target)
-        self.context_window = context_window(target)
-        self.hidden_size = target.config.hidden_size
-        self.device = self.net.emb.device  # where the borrowed tables live: the target's embedding device
-        self.net.to(self.device)
+class HeadsDraft(HiddenStateDraft):
+    """Proposes every lookahead position from one HeadsNet call on the target's last hidden state."""
 
     @classmethod
     def init_for(cls, target, cfg: dict | None = None, keep: torch.Tensor | None = None, seed: int = 0):
@@ -105,7 +76,7 @@ class HeadsDraft(Draft):
     def _logits(self, seq, target_hidden, expand: bool = True) -> torch.Tensor:
         """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device
         (expand=False: over the kept vocabulary only)."""
-        dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
+        dtype = self.compute_dtype()
         if target_hidden is not None and target_hidden.shape[0] > 0:
             h = target_hidden[-1].to(self.device, dtype)
         else:  # one-token prompt: no target feature yet

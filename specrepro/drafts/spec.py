@@ -40,10 +40,11 @@ def make_draft(spec: str, target, dtype: torch.dtype | None = None, device=None)
         if tokenizer is not None:  # rows past its length are padding (specrepro.drafts.base.ModelDraft)
             model.tokenizer_length = len(tokenizer)
         return model
-    from .trainer import load
+    from .artifacts import load
+    from .kinds import TABLE
 
     kind, _, n = spec.partition(":")
-    if n and kind in ("feature", "heads"):
+    if n and kind in TABLE and TABLE[kind].cuttable_head:
         if not n.isdigit():
             raise ValueError(f"draft spec {spec!r}: after {kind}: comes the head's token count, e.g. {kind}:4096")
         return load(kind, target=target, dtype=dtype, head_vocab=int(n))

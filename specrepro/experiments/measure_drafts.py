@@ -20,7 +20,7 @@ import torch
 
 from ..files import portable_args
 from ..algorithm.tree import parse_tree
-from ..drafts.trainer import FREE_KINDS, KINDS
+from ..drafts.kinds import FREE_KINDS, KINDS
 from ..engines.lean import set_threads
 from .drafts_table import measure_drafts
 from .records import write_outputs

@@ -50,7 +50,8 @@ _PLACES = ("results_dir", "out_dir")
 def results_key(params: dict) -> str:
     """The key of a notebook's results folder: its effective parameters (where things go excepted), the
     package's sources (`code_digest`) and, when it names trained draft kinds, their artifacts."""
-    from ..drafts.trainer import KINDS, artifacts_digest
+    from ..drafts.artifacts import artifacts_digest
+    from ..drafts.kinds import KINDS
 
     settings = {k: v for k, v in params.items() if k not in _PLACES}
     settings["code"] = code_digest()

@@ -9,7 +9,7 @@ plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
 files, so a rerun after a kill resumes where it stopped. Items are keyed by the parameters and by a hash of
 the package's sources (`results.code_digest`): after a change to specrepro/ nothing old is reused; a
-notebook that names a trained draft kind is keyed by that kind's artifacts too (`drafts.trainer.
+notebook that names a trained draft kind is keyed by that kind's artifacts too (`drafts.artifacts.
 artifacts_digest`), so a retrained or newly shipped draft recomputes it; and --force deletes the notebook's items too. --output-root DIR sends everything a run writes
 (figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
 every selected notebook (checked like the params file: a name the notebook does not define is an error).
