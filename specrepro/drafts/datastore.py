@@ -3,7 +3,7 @@
 The idea of REST, SuffixDecoding and SAM-decoding: keep an index of token sequences, find the longest
 suffix of the context that occurs in them, and propose what most often followed it. Here the sequences are
 the target's own greedy continuations of training prompts (news train articles, CPython stdlib functions;
-specrepro.drafts.datastore_build writes them, artifacts/drafts/datastore/ ships them) plus the live
+specrepro.training.datastore_build writes them, artifacts/drafts/datastore/ ships them) plus the live
 context itself, where prompt lookup's matches are.
 
 Where the proposals come from: the context's longest earlier match of its last n tokens (n from max_ngram
@@ -306,6 +306,12 @@ class DatastoreDraft(Draft):
     @pass_costs.setter
     def pass_costs(self, costs) -> None:
         self._pass_costs = check_pass_costs(costs)
+
+    def offer_pass_costs(self, costs, up_to: int = 64) -> None:
+        """Take a tuned setting's v(n) for the stop rule unless this draft was given its own; sizes past the
+        measured ones (token trees of up to `up_to` nodes) get v extended linearly (extend_pass_costs)."""
+        if self._pass_costs is None and costs:
+            self.pass_costs = extend_pass_costs(costs, up_to)
 
     @property
     def pseudo_count(self) -> float:

@@ -37,6 +37,10 @@ class HybridDraft(Draft):
         self.merge_trees = bool(merge_trees)
         self.lookup_loops = self.fallback_loops = self.merged_loops = 0
 
+    def offer_pass_costs(self, costs) -> None:
+        self.lookup.offer_pass_costs(costs)
+        self.fallback.offer_pass_costs(costs)
+
     def reset(self) -> None:
         super().reset()
         self.fallback.reset()
