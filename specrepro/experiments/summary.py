@@ -7,7 +7,9 @@
 In a Markdown file, the text between `<!-- summary:NAME -->` and `<!-- /summary -->` is the block NAME
 (see BLOCKS): --write replaces it with the rendering of the files in --figures, --check fails where it
 differs. tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
-cannot drift from the file it cites. The prose around the blocks is written by hand.
+cannot drift from the file it cites. `make reproduce` (the cpu profile, which rewrites figures/) ends by
+rendering README.md's and docs/results.md's blocks from the new files, so `make test` passes after it.
+The prose around the blocks is written by hand.
 """
 from __future__ import annotations
 
@@ -179,6 +181,20 @@ def render_file(text: str, figures: Path) -> str:
     return BLOCK.sub(fill, text)
 
 
+def write_blocks(paths, figures: Path) -> list[Path]:
+    """Rewrite the blocks of each file from `figures` (atomically); the files that changed."""
+    from ..files import atomic_write_text
+
+    changed = []
+    for path in map(Path, paths):
+        text = path.read_text()
+        new = render_file(text, Path(figures))
+        if new != text:
+            atomic_write_text(path, new)
+            changed.append(path)
+    return changed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specrepro.experiments.summary", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,18 +207,12 @@ def main(argv=None) -> int:
         for name, fn in BLOCKS.items():
             print(f"<!-- summary:{name} -->\n{fn(figures)}\n<!-- /summary -->\n")
         return 0
-    stale = []
     for path in map(Path, args.write + args.check):
-        text = path.read_text()
-        if not BLOCK.search(text):
+        if not BLOCK.search(path.read_text()):
             ap.error(f"{path} has no <!-- summary:NAME --> block")
-        new = render_file(text, figures)
-        if path in map(Path, args.write):
-            if new != text:
-                path.write_text(new)
-                print(f"updated {path}")
-        elif new != text:
-            stale.append(str(path))
+    for path in write_blocks(args.write, figures):
+        print(f"updated {path}")
+    stale = [str(path) for path in map(Path, args.check) if render_file(path.read_text(), figures) != path.read_text()]
     if stale:
         print(f"out of date with {figures}/: {', '.join(stale)} (run with --write)", file=sys.stderr)
         return 1
