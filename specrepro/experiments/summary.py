@@ -101,11 +101,26 @@ def table1(figures: Path) -> str:
     return "\n".join(out)
 
 
+QUALITY_MEASURE = {"news": "ROUGE-2", "humaneval": "similarity of the text (difflib), not pass@k"}
+
+
+def detectable_difference(ci_low: float, ci_high: float, tests: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference a paired test at level alpha / tests (Bonferroni) detects with the
+    given power, in the normal approximation: (z(1 - alpha / 2 tests) + z(power)) x the standard error that a
+    95% interval of this width implies. An approximation for the Wilcoxon test, stated as such."""
+    from scipy.stats import norm
+
+    se = (ci_high - ci_low) / (2 * norm.ppf(0.975))
+    return (norm.ppf(1 - alpha / (2 * tests)) + norm.ppf(power)) * se
+
+
 def table1_quality(figures: Path) -> str:
-    """The paired quality tests of Table 1 (one family; notebook 03 prints the verdicts)."""
+    """The paired quality tests of Table 1 (one family; notebook 03 prints the verdicts), each with the
+    difference it could detect (detectable_difference)."""
     meta, rows = _read(figures, "table1")
-    out = ["| benchmark, decoding | draft | n pairs | ArS ms/token | SpS ms/token | quality: SpS - ArS [CI] "
-           "| Wilcoxon p |", "|---|---|---|---|---|---|---|"]
+    out = ["| benchmark, decoding | draft | n pairs | ArS ms/token | SpS ms/token | quality measure "
+           "| SpS - ArS [CI] | Wilcoxon p | detectable at 80% power |", "|---|---|---|---|---|---|---|---|---|"]
+    family = sum(1 for r in rows if r["method"] == "SpS")
     for sps in (r for r in rows if r["method"] == "SpS"):
         ars = next(r for r in rows if (r["benchmark"], r["decoding"], r["method"]) ==
                    (sps["benchmark"], sps["decoding"], "ArS"))
@@ -113,12 +128,19 @@ def table1_quality(figures: Path) -> str:
         diff = sps.get(f"{key}_mean_difference")
         lo, hi = sps.get(f"{key}_difference_ci_low"), sps.get(f"{key}_difference_ci_high")
         p = sps.get(f"{key}_wilcoxon_p")
+        if not (_ok(lo) and _ok(hi)):
+            detectable = ""
+        elif hi - lo == 0:
+            detectable = "none: texts identical"
+        else:
+            detectable = f"{detectable_difference(lo, hi, family):.4f}"
         out.append("| " + " | ".join([
             f"{BENCHMARK[sps['benchmark']]} {sps['decoding']}", str(sps["draft"]),
             f"{int(sps['n_pairs'])}" if _ok(sps.get("n_pairs")) else "",
             _ci(ars, "ms_per_token", 1), _ci(sps, "ms_per_token", 1),
+            QUALITY_MEASURE.get(sps["benchmark"], "") if key == "quality" else "pass",
             (f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" if _ok(diff) and _ok(lo) else ""),
-            f"{p:.3g}" if _ok(p) else "",
+            f"{p:.3g}" if _ok(p) else "", detectable,
         ]) + " |")
     return "\n".join(out)
 
