@@ -20,6 +20,11 @@ their folders sit side by side, `--merge` combines their items and runs the note
 only summarise: the same CSV/JSON and figures a single run writes.
 
 A params file may start with `_base: <profile>`: it then holds only its differences from that profile.
+
+A run that rewrites the committed figures/ (the cpu profile, `make reproduce`) ends by rendering the result
+blocks of README.md and docs/results.md from them (specrepro.experiments.summary), so that `make test`, which
+checks those blocks against figures/, passes after it; --render FILE ... chooses other files (none with no
+file named). The prose around the blocks is the author's: reread it after a run whose numbers moved.
 """
 from __future__ import annotations
 
@@ -189,10 +194,44 @@ def shard_root(profile: str, shard: tuple[int, int], output_root=None) -> Path:
     return base / "shards" / f"{shard[0]}-of-{shard[1]}"
 
 
+# the files whose summary blocks render the committed figures (specrepro.experiments.summary)
+DOCS = ("README.md", "docs/results.md")
+
+
+def docs_to_render(profile: str, output_root=None, shard=None) -> list[Path]:
+    """The docs a run renders when it ends: README.md and docs/results.md where the run rewrote the committed
+    figures/ (the cpu profile, no --output-root, not one shard of several); none otherwise."""
+    if profile == "cpu" and output_root is None and shard is None:
+        return [ROOT / d for d in DOCS]
+    return []
+
+
+def render_docs(figures: Path, docs) -> list[Path]:
+    """Rewrite the summary blocks of `docs` from `figures`, saying what it did (a missing figure file is said,
+    not raised: the notebooks' own outputs are written by then)."""
+    from . import summary
+
+    if not docs:
+        return []
+    shown = ", ".join(str(Path(d).relative_to(ROOT)) if Path(d).resolve().is_relative_to(ROOT) else str(d) for d in docs)
+    try:
+        changed = summary.write_blocks(docs, figures)
+    except FileNotFoundError as err:
+        print(f"[reproduce] {shown}: not rendered: {err}", flush=True)
+        return []
+    print(f"[reproduce] {shown}: result blocks rendered from {figures} ({len(changed)} changed; the same as "
+          f"`python -m specrepro.experiments.summary --figures {figures} --write {' '.join(map(str, docs))}`)",
+          flush=True)
+    return changed
+
+
 def run(profile: str, only=None, force: bool = False, cell_timeout: int | None = None, overrides=None,
-        output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False) -> list[Path]:
+        output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False, render=None) -> list[Path]:
     """Run the notebooks. force: delete their items and rerun; rerun: rerun finished notebooks, keeping items
-    (what --merge needs); shard (i, n): only share i of n of the items, under shard_root()."""
+    (what --merge needs); shard (i, n): only share i of n of the items, under shard_root(). render: the docs
+    whose summary blocks are rendered from the run's figures at the end (None: docs_to_render's choice)."""
+    if render is None:
+        render = docs_to_render(profile, output_root, shard)
     import logging
 
     import papermill
@@ -249,6 +288,8 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                               "shard": list(shard) if shard else None})
             print(f"[reproduce] {name}: {time.time() - start:.0f} s", flush=True)
             outputs.append(output)
+        out_dir = Path(output_root).resolve() / "figures" if output_root is not None else ROOT / output_dirs(profile)["out_dir"]
+        render_docs(out_dir, render)
         return outputs
     finally:
         os.environ.pop(SHARD_ENV, None)
@@ -296,7 +337,8 @@ def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
     return [found[(i, n)] for i in range(n)]
 
 
-def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=None, output_root=None) -> list[Path]:
+def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=None, output_root=None,
+          render=None) -> list[Path]:
     """Combine every shard's items into the run's results folder, then run the notebooks to summarise them."""
     shards = finished_shards(profile, only, output_root)
     dest_root = Path(output_root).resolve() / "results" if output_root is not None else (
@@ -310,7 +352,8 @@ def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=No
                     dest.append(record)
                     added += 1
     print(f"[reproduce] merged {added} items from {len(shards)} shards into {dest_root}", flush=True)
-    return run(profile, only, cell_timeout=cell_timeout, overrides=overrides, output_root=output_root, rerun=True)
+    return run(profile, only, cell_timeout=cell_timeout, overrides=overrides, output_root=output_root, rerun=True,
+               render=render)
 
 
 def main(argv=None) -> None:
@@ -326,7 +369,12 @@ def main(argv=None) -> None:
                     help="override a notebook parameter (YAML value), e.g. --set n_samples=40; repeatable")
     ap.add_argument("--shard", metavar="I/N", help="run share I of N (0 <= I < N) of every notebook's items")
     ap.add_argument("--merge", action="store_true", help="combine the finished shards and write the summaries")
+    ap.add_argument("--render", nargs="*", metavar="FILE",
+                    help="at the end, render these files' summary blocks from the run's figures (default: README.md "
+                         "and docs/results.md when the run rewrites the committed figures/, i.e. the cpu profile "
+                         "without --output-root or --shard; none otherwise); --render with no file renders none")
     args = ap.parse_args(argv)
+    render = None if args.render is None else [Path(f) for f in args.render]
     if args.shard and (args.merge or args.force):
         raise SystemExit("--shard runs one share; --merge (and --force) are separate steps")
     if args.sync:
@@ -342,14 +390,14 @@ def main(argv=None) -> None:
             print(p)
         return
     if args.merge:
-        merge(args.profile, args.only, args.cell_timeout, parse_overrides(args.overrides), args.output_root)
+        merge(args.profile, args.only, args.cell_timeout, parse_overrides(args.overrides), args.output_root, render)
         return
     try:
         shard = parse_shard(args.shard) if args.shard else None
     except ValueError as err:
         raise SystemExit(f"--shard: {err}") from None
     run(args.profile, args.only, args.force, args.cell_timeout, parse_overrides(args.overrides), args.output_root,
-        shard)
+        shard, render=render)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import torch
 
 from .costs import from_json, measure_cost_table
 from ..engines.kernels import BACKENDS, unavailable_reason
-from ..engines.machine import cpu_info, describe_cpu
+from ..engines.machine import RunRecord, cpu_info, describe_cpu
 from ..engines.runners import vocab_size
 from ..models import specrepro_home
 from ..files import portable_path, write_json
@@ -556,6 +556,7 @@ def main(argv=None) -> dict:
         _check_threads(args.threads)
     except ValueError as err:
         ap.error(str(err))
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     model, _ = load_model(args.target)
     draft = make_draft(args.draft, model) if args.draft else None
     setting = tune(model, draft, acceptance=args.acceptance, threads=args.threads, reps=args.reps,
@@ -576,8 +577,8 @@ def main(argv=None) -> dict:
     for name, why in report["skipped"].items():
         print(f"{name:28s} skipped: {why}")
     print(f"chosen: {report['name']}, K = {setting.lookahead}: {report['why']}")
-    if args.out:
-        write_json(args.out, report)
+    if args.out:  # the report with the run record beside it
+        write_json(args.out, {**report, "meta": record.meta()})
     return report
 
 
