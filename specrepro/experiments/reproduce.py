@@ -249,6 +249,9 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
     previous = os.environ.pop(SHARD_ENV, None)
     if shard is not None:
         os.environ[SHARD_ENV] = f"{shard[0]}/{shard[1]}"  # the kernels inherit it; ResultsFile reads it
+    reference, pass_ratio, took = reference_run(profile), None, {}
+    if reference[0] and reference[1] and jobs:
+        pass_ratio = pass_ratio_here(reference[1])
     try:
         outputs = []
         started = time.time()
@@ -264,7 +267,7 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                               else ROOT / params["results_dir"], ignore_errors=True)
             output = run_dir / f"{name}.ipynb"
             where = f", shard {shard[0]}/{shard[1]}" if shard else ""
-            left = remaining_minutes(profile, [n for n, _ in jobs[index:]])
+            left = remaining_minutes(profile, [n for n, _ in jobs[index:]], took, pass_ratio, reference[0])
             shown = output.relative_to(ROOT) if output.is_relative_to(ROOT) else output
             print(f"[reproduce] {index + 1}/{len(jobs)} {name} ({profile}{where}) -> {shown}; "
                   f"{(time.time() - started) / 60:.1f} min so far" + (f", about {left:.0f} min left" if left else ""),
@@ -286,6 +289,7 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                                  f"--cell-timeout or shrink notebooks/params/{profile}.yaml") from None
             write_json(done, {"digest": digest, "seconds": time.time() - start, "params": params,
                               "shard": list(shard) if shard else None})
+            took[name] = time.time() - start
             print(f"[reproduce] {name}: {time.time() - start:.0f} s", flush=True)
             outputs.append(output)
         out_dir = Path(output_root).resolve() / "figures" if output_root is not None else ROOT / output_dirs(profile)["out_dir"]
@@ -297,18 +301,96 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
             os.environ[SHARD_ENV] = previous
 
 
-# minutes each notebook took in the last measured run of a profile (cpu: docs/results.md's run, 2 cores);
-# cpu 03 and 04 are estimates until measured again: 03 with two drafts (feature, datastore) on the native
-# runner, from the per-token times of a sample of its items; 04 with the datastore draft added (one more
-# near-free draft)
-MINUTES = {"cpu": {"00_train_drafts": 0.2, "01_losslessness": 3.7, "02_lookahead_sweep": 6.2, "03_table1": 13.0,
-                   "04_drafts": 13.5}}
+# minutes each notebook took in the run behind the committed cpu figures (commit f217b02's fresh-clone run on
+# the 2-core AVX512-BF16 EPYC: 01-03 from the started times of consecutive notebooks in figures/*.json, 00 and 04
+# from that run's log); a figure that records its own start and finish (the run record) replaces its entry
+MINUTES = {"cpu": {"00_train_drafts": 0.1, "01_losslessness": 3.3, "02_lookahead_sweep": 3.3, "03_table1": 12.3,
+                   "04_drafts": 7.4}}
+# the figure each notebook writes, whose record gives its minutes and the tuned one-token pass of that run
+FIGURES = {"01_losslessness": "losslessness.json", "02_lookahead_sweep": "lookahead_sweep.json",
+           "03_table1": "table1.json", "04_drafts": "drafts.json"}
 
 
-def remaining_minutes(profile: str, names) -> float | None:
-    """About how long the notebooks `names` take in `profile`, from its last measured run (None if unknown)."""
-    table = MINUTES.get(profile)
-    return sum(table.get(n, 0.0) for n in names) if table else None
+def reference_run(profile: str, figures=None) -> tuple[dict[str, float], float | None]:
+    """(minutes per notebook, one-token pass in ms) of the run behind the committed figures of `profile` (cpu
+    only: the other profiles' outputs are not committed): a figure's own record where it has one (started ..
+    finished; its tuned setting's one-token pass), MINUTES elsewhere."""
+    from datetime import datetime
+
+    minutes = dict(MINUTES.get(profile, {}))
+    passes = []
+    for name, file in FIGURES.items() if minutes else ():
+        try:
+            meta = json.loads(((Path(figures) if figures else ROOT / "figures") / file).read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            span = datetime.fromisoformat(str(meta["finished"])) - datetime.fromisoformat(str(meta["started"]))
+            minutes[name] = span.total_seconds() / 60
+        except (KeyError, ValueError):  # a figure written before the run record: no finish time
+            pass
+        one = (meta.get("tune") or {}).get("one_token_ms") if isinstance(meta.get("tune"), dict) else None
+        if one:
+            passes.append(float(one))
+    return minutes, (sorted(passes)[len(passes) // 2] if passes else None)
+
+
+def one_token_ms(model, reps: int = 20, prefix: int = 100) -> float:
+    """This machine's one-token pass of `model` (median ms after a `prefix`-token context) in the setting tune
+    picks on most CPUs, the native bfloat16 pass, or the lean bfloat16 runner where that cannot be built."""
+    import torch
+
+    from ..engines import native
+    from ..engines.lean import LeanRunner
+
+    backend = "native" if native.unavailable_reason(torch.bfloat16, "cpu") is None else "eager"
+    runner = LeanRunner(model, dtype=torch.bfloat16, backend=backend)
+    ids = torch.arange(prefix + 1) % min(1000, runner.vocab_size)
+    runner.forward(ids[:prefix])
+    times = []
+    for _ in range(reps):
+        runner.rollback(prefix)
+        start = time.perf_counter()
+        runner.forward(ids[prefix:])
+        times.append(time.perf_counter() - start)
+    return sorted(times)[reps // 2] * 1000
+
+
+def pass_ratio_here(reference_ms: float) -> float | None:
+    """This machine's one-token pass of the offline target / the reference run's, printed; None (and the
+    reference run's times as they are) where the target cannot be loaded here."""
+    import gc
+
+    from ..models import load_model
+
+    try:
+        model, _ = load_model("smollm2-135m-instruct")  # converted once; the notebooks reuse the cached copy
+        here = one_token_ms(model)
+    except Exception as err:  # noqa: BLE001 - an estimate is never worth failing a run for
+        print(f"[reproduce] no pass time measured here ({type(err).__name__}: {err}); estimates are the reference "
+              "run's times")
+        return None
+    del model
+    gc.collect()
+    print(f"[reproduce] one-token pass here {here:.1f} ms, {reference_ms:.1f} ms in the run behind the committed "
+          f"figures: time estimates x{here / reference_ms:.2f} until a notebook has finished", flush=True)
+    return here / reference_ms
+
+
+def remaining_minutes(profile: str, names, took: dict[str, float] | None = None, pass_ratio: float | None = None,
+                      reference: dict[str, float] | None = None) -> float | None:
+    """About how long the notebooks `names` take here: the reference run's minutes (reference_run) scaled to
+    this machine, by this run's finished notebooks against theirs (`took`: seconds per notebook, counted where
+    the reference took a minute or more) or, before any has finished, by the ratio of this machine's
+    one-token pass to the reference run's (`pass_ratio`). None for a profile without a reference run."""
+    table = reference if reference is not None else reference_run(profile)[0]
+    if not table:
+        return None
+    base = sum(table.get(n, 0.0) for n in names)
+    timed = {n: s for n, s in (took or {}).items() if table.get(n, 0.0) >= 1.0}
+    if timed:
+        return base * sum(timed.values()) / 60 / sum(table[n] for n in timed)
+    return base * (pass_ratio or 1.0)
 
 
 def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
