@@ -41,6 +41,151 @@
 #include <utility>
 #include <vector>
 
+// ---- The instruction sets this module was compiled for (-march=native plus $SPECREPRO_NATIVE_CFLAGS), checked
+// against the CPU when the library is loaded, before any code that may use them runs: a module built with
+// flags the CPU lacks is refused at import with the missing features named, instead of dying by SIGILL in
+// its first pass. The check runs as the library's first constructor and is compiled for baseline x86-64.
+// $SPECREPRO_NATIVE_ASSUME_CPU (a comma-separated feature list) replaces the CPU's answers: the tests' way to
+// exercise the refusal on a CPU that has every feature the build used.
+namespace cpu_check {
+char compiled_for[512];  // comma-separated names, as __builtin_cpu_supports spells them
+char missing[512];       // those this CPU lacks
+
+void append(char* list, const char* name) {
+  const size_t used = std::strlen(list), len = std::strlen(name);
+  if (used + len + 2 >= 512) return;
+  if (used) list[used] = ',', list[used + 1] = '\0';
+  std::strcat(list, name);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("arch=x86-64"))) bool listed(const char* list, const char* name) {
+  const size_t len = std::strlen(name);
+  for (const char* p = list; *p;) {
+    const char* end = p;
+    while (*end && *end != ',' && *end != ' ') ++end;
+    if (static_cast<size_t>(end - p) == len && std::strncmp(p, name, len) == 0) return true;
+    p = *end ? end + 1 : end;
+  }
+  return false;
+}
+
+__attribute__((target("arch=x86-64"))) void need(const char* name, int supported) {
+  const char* assumed = std::getenv("SPECREPRO_NATIVE_ASSUME_CPU");
+  append(compiled_for, name);
+  if (!(assumed ? listed(assumed, name) : supported != 0)) append(missing, name);
+}
+
+#define SPECREPRO_NEED(name) need(name, __builtin_cpu_supports(name))
+__attribute__((constructor(101), target("arch=x86-64"))) void check() {
+  __builtin_cpu_init();
+#ifdef __SSE3__
+  SPECREPRO_NEED("sse3");
+#endif
+#ifdef __SSSE3__
+  SPECREPRO_NEED("ssse3");
+#endif
+#ifdef __SSE4_1__
+  SPECREPRO_NEED("sse4.1");
+#endif
+#ifdef __SSE4_2__
+  SPECREPRO_NEED("sse4.2");
+#endif
+#ifdef __POPCNT__
+  SPECREPRO_NEED("popcnt");
+#endif
+#ifdef __AVX__
+  SPECREPRO_NEED("avx");
+#endif
+#ifdef __AVX2__
+  SPECREPRO_NEED("avx2");
+#endif
+#ifdef __FMA__
+  SPECREPRO_NEED("fma");
+#endif
+#ifdef __F16C__
+  SPECREPRO_NEED("f16c");
+#endif
+#ifdef __BMI__
+  SPECREPRO_NEED("bmi");
+#endif
+#ifdef __BMI2__
+  SPECREPRO_NEED("bmi2");
+#endif
+#ifdef __LZCNT__
+  SPECREPRO_NEED("lzcnt");
+#endif
+#ifdef __MOVBE__
+  SPECREPRO_NEED("movbe");
+#endif
+#ifdef __AES__
+  SPECREPRO_NEED("aes");
+#endif
+#ifdef __PCLMUL__
+  SPECREPRO_NEED("pclmul");
+#endif
+#ifdef __SHA__
+  SPECREPRO_NEED("sha");
+#endif
+#ifdef __ADX__
+  SPECREPRO_NEED("adx");
+#endif
+#ifdef __GFNI__
+  SPECREPRO_NEED("gfni");
+#endif
+#ifdef __VAES__
+  SPECREPRO_NEED("vaes");
+#endif
+#ifdef __VPCLMULQDQ__
+  SPECREPRO_NEED("vpclmulqdq");
+#endif
+#ifdef __AVX512F__
+  SPECREPRO_NEED("avx512f");
+#endif
+#ifdef __AVX512BW__
+  SPECREPRO_NEED("avx512bw");
+#endif
+#ifdef __AVX512VL__
+  SPECREPRO_NEED("avx512vl");
+#endif
+#ifdef __AVX512DQ__
+  SPECREPRO_NEED("avx512dq");
+#endif
+#ifdef __AVX512CD__
+  SPECREPRO_NEED("avx512cd");
+#endif
+#ifdef __AVX512BF16__
+  SPECREPRO_NEED("avx512bf16");
+#endif
+#ifdef __AVX512VNNI__
+  SPECREPRO_NEED("avx512vnni");
+#endif
+#ifdef __AVX512VBMI__
+  SPECREPRO_NEED("avx512vbmi");
+#endif
+#ifdef __AVX512VBMI2__
+  SPECREPRO_NEED("avx512vbmi2");
+#endif
+#ifdef __AVX512IFMA__
+  SPECREPRO_NEED("avx512ifma");
+#endif
+#ifdef __AVX512BITALG__
+  SPECREPRO_NEED("avx512bitalg");
+#endif
+#ifdef __AVX512VPOPCNTDQ__
+  SPECREPRO_NEED("avx512vpopcntdq");
+#endif
+#ifdef __AVX512FP16__
+  SPECREPRO_NEED("avx512fp16");
+#endif
+#ifdef __AVXVNNI__
+  SPECREPRO_NEED("avxvnni");
+#endif
+}
+#undef SPECREPRO_NEED
+#endif
+}  // namespace cpu_check
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define SPECREPRO_AVX512 1
@@ -884,6 +1029,8 @@ const char* simd() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
+  if (cpu_check::missing[0])
+    throw py::import_error(std::string("this CPU lacks ") + cpu_check::missing + ", which the native module was compiled for");
   py::class_<Packed>(m, "Packed")
       .def(py::init<at::Tensor, std::optional<at::Tensor>, int64_t, int64_t>())
       .def_readonly("n", &Packed::n)
@@ -896,4 +1043,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);
+  m.def("compiled_for", [] { return std::string(cpu_check::compiled_for); });
 }

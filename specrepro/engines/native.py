@@ -81,11 +81,15 @@ def load():
             raise RuntimeError(_state["error"])
         try:
             _state["module"] = _build()
-        except Exception as e:  # no compiler, no ninja, a failed compile: one reason, kept
+        except Exception as e:  # no compiler, no ninja, a failed compile, a CPU without the built-for ISA: one reason, kept
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             # a compiler's message is more use than ninja's command line
             first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
-            _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
+            if first.startswith("this CPU lacks"):  # native.cpp's load-time check of the instruction sets
+                _state["error"] = (f"the native CPU pass cannot run on this CPU: {first} "
+                                   f"(flags {' '.join(FLAGS + extra_flags())})")
+            else:
+                _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
             raise RuntimeError(_state["error"]) from e
         return _state["module"]
 
@@ -115,12 +119,19 @@ def build_seconds() -> float | None:
 
 
 def describe() -> dict | None:
-    """{"simd", "build_seconds" (this process's first load: a compile or a cached load), "flags"} once the
-    module is loaded in this process, else None (tune and the bench put it in their reports)."""
+    """{"simd", "build_seconds" (this process's first load: a compile or a cached load), "flags", "compiled_for"
+    (the instruction sets the compiler was allowed, each checked against the CPU at load)} once the module is
+    loaded in this process, else None (tune and the bench put it in their reports)."""
     if "module" not in _state:
         return None
     return {"simd": _state["module"].simd(), "build_seconds": _state.get("seconds"),
-            "flags": [*FLAGS, *extra_flags()]}
+            "flags": [*FLAGS, *extra_flags()], "compiled_for": compiled_for()}
+
+
+def compiled_for() -> list[str]:
+    """The instruction sets the module was compiled for (as gcc's __builtin_cpu_supports names them); loading
+    it refuses, naming the missing ones, on a CPU without all of them (x86 only: [] elsewhere)."""
+    return [f for f in load().compiled_for().split(",") if f]
 
 
 def simd() -> str:

@@ -129,7 +129,7 @@ def test_native_tree_pass_and_compaction_equal_plain_passes():
 
 
 def test_a_tree_mask_of_the_wrong_shape_is_refused():
-    runner = LeanRunner(model(0), dtype=torch.bfloat16, backend="native")
+    runner = LeanRunner(tiny_llama(0, vocab=16), dtype=torch.bfloat16, backend="native")
     runner.forward(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="tree mask must have shape"):
         runner.forward_tree(torch.tensor([4, 5]), torch.tensor([3, 3]), torch.ones(2, 4, dtype=torch.bool))
@@ -222,3 +222,36 @@ def test_the_other_kernel_families_pass_the_same_tests(tmp_path, flags, family, 
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+def run_python(code, timeout=600, **env):
+    import os
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_module_compiled_for_features_the_cpu_lacks_is_refused_at_load_with_their_names():
+    """The module checks, as it loads and before any code that uses them runs, every instruction set it was
+    compiled for against the CPU ($SPECREPRO_NATIVE_ASSUME_CPU stands in for a CPU without some of them): a
+    refusal naming them, then the lean runner's other backends, never a SIGILL."""
+    features = native.compiled_for()
+    if not features:
+        pytest.skip("no load-time instruction-set check on this architecture")
+    probe = ("import torch, warnings\nfrom specrepro.engines import native\nfrom specrepro.stats.toy import tiny_llama\n"
+             "from specrepro.engines.lean import LeanRunner\n"
+             "print(native.unavailable_reason(torch.bfloat16, 'cpu'))\n"
+             "with warnings.catch_warnings(record=True) as w:\n"
+             "    warnings.simplefilter('always')\n"
+             "    r = LeanRunner(tiny_llama(0, vocab=16), dtype=torch.bfloat16, backend='native')\n"
+             "print(r.backend, r.forward(torch.tensor([1, 2])).shape[0], len(w))\n")
+    for lacking in {features[0], features[-1]}:
+        run = run_python(probe, SPECREPRO_NATIVE_ASSUME_CPU=",".join(f for f in features if f != lacking))
+        assert run.returncode == 0, run.stderr[-2000:]
+        reason, fallback = run.stdout.strip().splitlines()
+        assert reason == (f"the native CPU pass cannot run on this CPU: this CPU lacks {lacking}, which the native "
+                          f"module was compiled for (flags {' '.join(native.FLAGS + native.extra_flags())})")
+        assert fallback == "eager 2 1"
+    run = run_python(probe, SPECREPRO_NATIVE_ASSUME_CPU=" ".join(features))
+    assert run.returncode == 0 and run.stdout.split() == ["None", "native", "2", "0"], run.stderr[-2000:]
