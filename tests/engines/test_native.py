@@ -129,7 +129,7 @@ def test_native_tree_pass_and_compaction_equal_plain_passes():
 
 
 def test_a_tree_mask_of_the_wrong_shape_is_refused():
-    runner = LeanRunner(tiny_llama(0, vocab=16), dtype=torch.bfloat16, backend="native")
+    runner = LeanRunner(model(0), dtype=torch.bfloat16, backend="native")
     runner.forward(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="tree mask must have shape"):
         runner.forward_tree(torch.tensor([4, 5]), torch.tensor([3, 3]), torch.ones(2, 4, dtype=torch.bool))
