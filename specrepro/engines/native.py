@@ -102,15 +102,39 @@ def _build():
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         raise RuntimeError(f"no native build for {platform.machine()}")
     key = build_key()
-    folder = specrepro_home() / "native" / key
-    folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    module = cpp_extension.load(
-        name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-        extra_cflags=[*FLAGS, "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
-    )
+    module = build_extension(f"specrepro_native_{key}", SOURCE, specrepro_home() / "native" / key,
+                             [*FLAGS, "-fopenmp", *extra_flags()], ["-fopenmp"])
     _state["seconds"] = time.perf_counter() - start
     return module
+
+
+def build_extension(name: str, source: Path, folder: Path, cflags: list[str], ldflags: list[str]):
+    """torch.utils.cpp_extension.load of one source into `folder`, safe against builds killed half-way.
+
+    cpp_extension marks a build in progress with a file `lock` that only a finishing build removes: a build
+    killed by SIGKILL (a kernel restart, the OOM killer) leaves it, and every later load of that folder waits
+    for it forever. Here the builds of a folder take turns on an flock of `folder/build.flock`, which the
+    kernel drops when its holder dies; whoever holds it knows no other build runs there, so a `lock` file then
+    is a dead build's and is removed. ninja then redoes whatever the dead build left unfinished.
+    """
+    from torch.utils import cpp_extension
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.flock", "a") as turn:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): cpp_extension's own lock alone
+            fcntl = None
+        if fcntl is not None:
+            fcntl.flock(turn.fileno(), fcntl.LOCK_EX)
+            (folder / "lock").unlink(missing_ok=True)
+        try:
+            return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(folder),
+                                      extra_cflags=cflags, extra_ldflags=ldflags, verbose=False)
+        finally:
+            if fcntl is not None:
+                fcntl.flock(turn.fileno(), fcntl.LOCK_UN)
 
 
 def build_seconds() -> float | None:

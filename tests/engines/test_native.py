@@ -255,3 +255,66 @@ def test_a_module_compiled_for_features_the_cpu_lacks_is_refused_at_load_with_th
         assert fallback == "eager 2 1"
     run = run_python(probe, SPECREPRO_NATIVE_ASSUME_CPU=" ".join(features))
     assert run.returncode == 0 and run.stdout.split() == ["None", "native", "2", "0"], run.stderr[-2000:]
+
+
+TINY_MODULE = """#include <Python.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "specrepro_lock_probe", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_specrepro_lock_probe(void) {
+  PyObject* m = PyModule_Create(&def);
+  PyModule_AddIntConstant(m, "answer", 42);
+  return m;
+}
+"""
+
+
+def _build_probe(source, folder, conn, new_group):
+    import os
+
+    if new_group:  # its own process group, so that killing the group spares pytest
+        os.setsid()
+    conn.send("go")
+    conn.send(native.build_extension("specrepro_lock_probe", source, folder, [], []).answer)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_build_killed_half_way_never_makes_the_next_load_wait(tmp_path, group):
+    """A build killed by SIGKILL at several moments (before the compiler starts, while it compiles, while it links;
+    the process alone, its ninja and compiler orphaned and running on, or its whole process group) leaves the
+    folder in a state the next load builds from, in bounded time. A module of a few lines stands in for
+    native.cpp (the locking is the same function), built in forked processes, so that each try takes a second
+    or two."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    source = tmp_path / "probe.cpp"
+    source.write_text(TINY_MODULE)
+    folder = tmp_path / "build"
+    fork = multiprocessing.get_context("fork")
+    killed_with_lock = 0
+    for delay in [0.0, 0.1, 0.3, 0.6, 1.0, 1.5]:
+        for f in folder.glob("*.so"):  # a module that finished gets built again
+            f.unlink()
+        (folder / ".ninja_log").unlink(missing_ok=True)
+        mine, theirs = fork.Pipe()
+        proc = fork.Process(target=_build_probe, args=(source, folder, theirs, group))
+        proc.start()
+        assert mine.poll(60) and mine.recv() == "go"
+        time.sleep(delay)
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        killed_with_lock += (folder / "lock").exists()
+        start = time.perf_counter()
+        mine, theirs = fork.Pipe()
+        proc = fork.Process(target=_build_probe, args=(source, folder, theirs, False))
+        proc.start()
+        assert mine.poll(60) and mine.recv() == "go"
+        assert mine.poll(60), f"the load after a kill at {delay} s did not finish in 60 s"
+        assert mine.recv() == 42
+        proc.join(10)
+        assert proc.exitcode == 0 and time.perf_counter() - start < 60 and not (folder / "lock").exists()
+    assert killed_with_lock >= 2  # the kills did land inside builds, where cpp_extension's lock file was left
