@@ -614,7 +614,10 @@ struct Packed {
     w = w_.numel() ? huge_page_copy(w_) : w_;
     blocks = w.size(0);
     kp = w.size(1);
-    TORCH_CHECK(blocks * kLanes >= n && kp * 2 >= k, "packed weight is smaller than its ", n, " x ", k, " matrix");
+    TORCH_CHECK((n >= 1 && k >= 1) || (n == 0 && k == 0), "a packed weight needs at least one output and one input, "
+                "got ", n, " x ", k);  // 0 x 0: the model's "no LM head yet"
+    TORCH_CHECK(blocks == (n + kLanes - 1) / kLanes && kp == (k + 1) / 2, "packed weight is [", blocks, ", ", kp,
+                ", 16], a ", n, " x ", k, " matrix packs to [", (n + kLanes - 1) / kLanes, ", ", (k + 1) / 2, ", 16]");
     if (bias_.has_value()) {
       bias = bias_->to(at::kFloat).contiguous();
       TORCH_CHECK(bias.numel() == n, "bias has ", bias.numel(), " elements for ", n, " outputs");
@@ -843,6 +846,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && vals.sizes() == keys.sizes() && q.size(2) == keys.size(2),
               "attention takes q [n, heads, d] and keys, vals [kv_heads, capacity, d]");
   const int64_t n = q.size(0), heads = q.size(1), kv_heads = keys.size(0), d = q.size(2);
+  TORCH_CHECK(n >= 1 && heads >= 1 && kv_heads >= 1 && d >= 1, "attention needs at least one token, head, kv head and "
+              "feature, got q ", q.sizes(), " and keys ", keys.sizes());
   TORCH_CHECK(heads % kv_heads == 0, heads, " query heads do not group over ", kv_heads, " kv heads");
   TORCH_CHECK(start >= 0 && start + n <= keys.size(1), "positions ", start, "..", start + n, " exceed the cache");
   at::Tensor qc = q.to(at::kFloat).contiguous(), kc = keys.to(at::kFloat).contiguous(), vc = vals.to(at::kFloat).contiguous();
@@ -868,7 +873,13 @@ class Model {
   Model(at::Tensor embed, at::Tensor norm, double eps, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim)
       : embed_(std::move(embed)), norm_(norm.to(at::kFloat).contiguous()), eps_(static_cast<float>(eps)),
         heads_(n_heads), kv_heads_(n_kv_heads), head_dim_(head_dim) {
+    TORCH_CHECK(n_heads >= 1 && n_kv_heads >= 1, "the native pass needs at least one query head and one kv head, got ",
+                n_heads, " and ", n_kv_heads);
     TORCH_CHECK(n_heads % n_kv_heads == 0, n_heads, " query heads do not group over ", n_kv_heads, " kv heads");
+    TORCH_CHECK(head_dim >= 2 && head_dim % 2 == 0, "head size must be even and >= 2 (RoPE rotates halves), got ",
+                head_dim);
+    TORCH_CHECK(embed_.dim() == 2 && embed_.size(0) >= 1 && embed_.size(1) >= 1,
+                "the embedding must be [vocab, hidden], got ", embed_.sizes());
     hidden_ = embed_.size(1);
     TORCH_CHECK(norm_.numel() == hidden_, "final norm has ", norm_.numel(), " weights for hidden size ", hidden_);
   }
@@ -881,6 +892,11 @@ class Model {
     TORCH_CHECK(o.k == q && o.n == h, "o projection is ", o.n, " x ", o.k, ", expected ", h, " x ", q);
     TORCH_CHECK(gate_up.k == h && gate_up.n % 2 == 0, "gate/up projection is ", gate_up.n, " x ", gate_up.k);
     TORCH_CHECK(down.k == gate_up.n / 2 && down.n == h, "down projection is ", down.n, " x ", down.k);
+    TORCH_CHECK(ln1.numel() == h && ln2.numel() == h, "layer ", layers_.size(), "'s norms have ", ln1.numel(), " and ",
+                ln2.numel(), " weights for hidden size ", h);
+    TORCH_CHECK(layers_.empty() || gate_up.n == layers_.front().gate_up.n, "layer ", layers_.size(), "'s MLP is ",
+                gate_up.n / 2, " wide, layer 0's ", layers_.front().gate_up.n / 2,
+                ": layers of different shapes are not supported by the native pass");
     layers_.push_back(Layer{ln1.to(at::kFloat).contiguous(), ln2.to(at::kFloat).contiguous(), qkv, o, gate_up, down});
   }
 
@@ -897,17 +913,24 @@ class Model {
                                              at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
     const int64_t n = ids.numel(), h = hidden_, d = head_dim_, end = start + n;
     const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d;
-    TORCH_CHECK(n >= 1, "no tokens to run");
+    TORCH_CHECK(!layers_.empty(), "the model has no layers");
+    TORCH_CHECK(ids.dim() == 1 && n >= 1, "ids must be a non-empty 1-D tensor, got shape ", ids.sizes());
+    TORCH_CHECK(start >= 0, "start must be >= 0, got ", start);
+    TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes(), "caches must be [layers, 1, kv_heads, capacity, "
+                "head_dim] and alike, got keys ", k_cache.sizes(), " and values ", v_cache.sizes());
     TORCH_CHECK(static_cast<int64_t>(layers_.size()) == k_cache.size(0), "cache has ", k_cache.size(0),
                 " layers, the model ", layers_.size());
+    TORCH_CHECK(k_cache.size(2) == kv_heads_ && k_cache.size(4) == d, "cache holds ", k_cache.size(2), " kv heads of size ",
+                k_cache.size(4), ", the model ", kv_heads_, " of size ", d);
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.size(1) == 1,
                 "the native pass needs contiguous float32 caches of batch 1");
+    TORCH_CHECK(!logits || head_.n > 0, "no LM head was set");
     const int64_t capacity = k_cache.size(3);
     TORCH_CHECK(end <= capacity, "positions ", start, "..", end, " exceed the cache capacity ", capacity);
-    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(0) == n && cos.size(1) == d,
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
                 "cos must be float32 [n, head_dim]");
-    TORCH_CHECK(sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.size(0) == n && sin.size(1) == d,
+    TORCH_CHECK(sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.dim() == 2 && sin.size(0) == n && sin.size(1) == d,
                 "sin must be float32 [n, head_dim]");
     const bool* mask_data = nullptr;
     at::Tensor mask_c;
@@ -926,7 +949,7 @@ class Model {
     float* xs = x.data_ptr<float>();
     const Layer& l0 = layers_.front();
     const int64_t inter = l0.down.k;
-    const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.down.kp, head_.kp});
+    const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.gate_up.kp, l0.down.kp, head_.kp});
     at::Tensor normed = at::empty({n, h}, f32), pairs = at::empty({n, kp_max}, f32.dtype(at::kInt));
     at::Tensor qkv = at::empty({n, l0.qkv.width()}, f32), proj = at::empty({n, std::max(l0.o.width(), l0.down.width())}, f32);
     at::Tensor gu = at::empty({n, l0.gate_up.width()}, f32), act = at::empty({n, inter}, f32);

@@ -318,3 +318,74 @@ def test_a_build_killed_half_way_never_makes_the_next_load_wait(tmp_path, group)
         proc.join(10)
         assert proc.exitcode == 0 and time.perf_counter() - start < 60 and not (folder / "lock").exists()
     assert killed_with_lock >= 2  # the kills did land inside builds, where cpp_extension's lock file was left
+
+
+def hand_model(hidden=8, heads=2, kv_heads=1, d=4, inter=12, layers=1, seed=0):
+    """A native Model put together by hand (no LeanRunner in between), for the checks at its entry."""
+    g = torch.Generator().manual_seed(seed)
+    m = native.load().Model(torch.randn(16, hidden, generator=g), torch.ones(hidden), 1e-6, heads, kv_heads, d)
+    for _ in range(layers):
+        m.add_layer(torch.ones(hidden), native.pack([torch.randn((heads + 2 * kv_heads) * d, hidden, generator=g)]),
+                    native.pack([torch.randn(hidden, heads * d, generator=g)]), torch.ones(hidden),
+                    native.pack([torch.randn(2 * inter, hidden, generator=g)]),
+                    native.pack([torch.randn(hidden, inter, generator=g)]))
+    m.set_head(native.pack([torch.randn(16, hidden, generator=g)]))
+    return m
+
+
+def hand_forward(m, n=2, start=0, layers=1, kv_heads=1, d=4, capacity=8, v_shape=None, logits=True):
+    cache = torch.zeros(layers, 1, kv_heads, capacity, d)
+    values = torch.zeros(v_shape) if v_shape is not None else torch.zeros_like(cache)
+    return m.forward(torch.arange(n), start, torch.ones(n, 4), torch.zeros(n, 4), None, cache, values, logits)
+
+
+def test_the_native_model_checks_every_shape_it_reads():
+    """Each shape the pass reads is checked where it enters, with an error naming it (before these checks, a kv head
+    count of 0 divided by zero, a model without layers read past its list, a wrong cache shape read or wrote
+    outside it)."""
+    module = native.load()
+    hidden, logits = hand_forward(hand_model())  # the valid model runs
+    assert hidden.shape == (2, 8) and logits.shape == (2, 16) and torch.isfinite(logits).all()
+    embed, norm = torch.randn(16, 8), torch.ones(8)
+    errors = [
+        (lambda: module.Model(embed, norm, 1e-6, 2, 0, 4), "at least one query head and one kv head"),
+        (lambda: module.Model(embed, norm, 1e-6, 0, 1, 4), "at least one query head and one kv head"),
+        (lambda: module.Model(embed, norm, 1e-6, 3, 2, 4), "3 query heads do not group over 2 kv heads"),
+        (lambda: module.Model(embed, norm, 1e-6, 2, 1, 5), "head size must be even"),
+        (lambda: module.Model(embed[0], norm, 1e-6, 2, 1, 4), r"embedding must be \[vocab, hidden\]"),
+        (lambda: module.Model(embed, torch.ones(7), 1e-6, 2, 1, 4), "final norm has 7 weights for hidden size 8"),
+        (lambda: hand_forward(module.Model(embed, norm, 1e-6, 2, 1, 4), layers=0), "the model has no layers"),
+        (lambda: hand_forward(hand_model(), start=-1), "start must be >= 0"),
+        (lambda: hand_forward(hand_model(), kv_heads=2), "cache holds 2 kv heads of size 4, the model 1 of size 4"),
+        (lambda: hand_forward(hand_model(), d=8), "cache holds 1 kv heads of size 8, the model 1 of size 4"),
+        (lambda: hand_forward(hand_model(), v_shape=(1, 1, 1, 6, 4)), "caches must be .* and alike"),
+        (lambda: hand_forward(hand_model(), layers=2), "cache has 2 layers, the model 1"),
+        (lambda: hand_forward(hand_model(), capacity=1), "exceed the cache capacity 1"),
+        (lambda: hand_model().forward(torch.zeros(1, 2, dtype=torch.long), 0, torch.ones(2, 4), torch.zeros(2, 4), None,
+                                      torch.zeros(1, 1, 1, 8, 4), torch.zeros(1, 1, 1, 8, 4), True), "ids must be"),
+        (lambda: module.Packed(torch.zeros(1, 5, 16, dtype=torch.int32), None, 16, 8),
+         r"a 16 x 8 matrix packs to \[1, 4, 16\]"),
+        (lambda: module.Packed(torch.zeros(2, 4, 16, dtype=torch.int32), None, 16, 8),
+         r"a 16 x 8 matrix packs to \[1, 4, 16\]"),
+        (lambda: module.attention(torch.zeros(1, 2, 4), torch.zeros(0, 4, 4), torch.zeros(0, 4, 4), 0, None),
+         "at least one token, head, kv head"),
+    ]
+    m = module.Model(embed, norm, 1e-6, 2, 1, 4)
+    qkv, o = native.pack([torch.randn(16, 8)]), native.pack([torch.randn(8, 8)])
+    gu, down = native.pack([torch.randn(24, 8)]), native.pack([torch.randn(8, 12)])
+    errors += [
+        (lambda: m.add_layer(torch.ones(7), qkv, o, norm, gu, down), "layer 0's norms have 7 and 8 weights"),
+        (lambda: m.add_layer(norm, qkv, o, torch.ones(9), gu, down), "layer 0's norms have 8 and 9 weights"),
+        (lambda: m.add_layer(norm, o, o, norm, gu, down), "q/k/v projection is 8 x 8, expected 16 x 8"),
+        (lambda: m.add_layer(norm, qkv, qkv, norm, gu, down), "o projection is 16 x 8, expected 8 x 8"),
+        (lambda: m.add_layer(norm, qkv, o, norm, gu, o), "down projection is 8 x 8"),
+    ]
+    for call, match in errors:
+        with pytest.raises(RuntimeError, match=match):
+            call()
+    m.add_layer(norm, qkv, o, norm, gu, down)
+    with pytest.raises(RuntimeError, match="layer 1's MLP is 8 wide, layer 0's 12"):
+        m.add_layer(norm, qkv, o, norm, native.pack([torch.randn(16, 8)]), native.pack([torch.randn(8, 8)]))
+    with pytest.raises(RuntimeError, match="no LM head was set"):
+        hand_forward(m)
+    assert hand_forward(m, logits=False)[1] is None
