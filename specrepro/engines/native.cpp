@@ -27,6 +27,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -200,6 +203,26 @@ __attribute__((constructor(101), target("arch=x86-64"))) void check() {
 namespace {
 
 constexpr int kLanes = 16;  // outputs per packed block
+
+// Denormal floats flushed to zero (FTZ) and read as zero (DAZ) while the pass runs, on the calling thread and on
+// every worker thread of its parallel regions (MXCSR is per thread): x86 computes with denormals far more slowly,
+// and the AVX512-BF16 products flush them regardless, so every family gives them the same zeros. The previous
+// mode is restored on leaving, so the process's other computations see no change.
+struct FlushDenormals {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int saved;
+  FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040u); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushDenormals() { _mm_setcsr(saved); }
+#endif
+};
+
+// f() on this thread with denormals flushed. Parallel regions flush inside each worker's part instead, never
+// around the region: a worker thread created inside a flushed region would inherit the mode and keep it.
+template <class F>
+inline void serial(F&& f) {
+  const FlushDenormals flush;
+  f();
+}
 // Software prefetch of the weights PF_AHEAD cache lines ahead, for tiles of more than PF_ROWS rows: their
 // products are slow enough that the hardware prefetcher falls behind (1 thread, after 300 tokens: a pass over
 // 9 tokens 21.8 -> 20.8 ms, over 17 tokens 38.5 -> 35.6; over 2-5 tokens prefetching made it slower).
@@ -719,6 +742,7 @@ void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* 
 #endif
   const float* xf = wide.data();
   at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
+    const FlushDenormals flush;
     for (int64_t b0 = first; b0 < last; b0 += 4) {
       const int64_t b1 = std::min(b0 + 4, last);
       for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the four blocks' weights stay in cache across rows
@@ -733,6 +757,7 @@ void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* 
     }
   });
   if (p.bias.defined()) {
+    const FlushDenormals flush;
     const float* bias = p.bias.data_ptr<float>();
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t j = 0; j < p.n; ++j) y[m * ldy + j] += bias[j];
@@ -801,6 +826,7 @@ class Attention {
     const int64_t d = d_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     at::parallel_for(0, static_cast<int64_t>(tasks_.size()), 1, [&](int64_t i0, int64_t i1) {
+      const FlushDenormals flush;
       thread_local std::vector<float> scratch;
       for (int64_t i = i0; i < i1; ++i) {
         const Task& task = tasks_[i];
@@ -965,12 +991,15 @@ class Model {
       TORCH_CHECK(L.qkv.width() <= qkv.size(1) && L.gate_up.width() <= gu.size(1) && L.down.k == inter,
                   "layers of different shapes are not supported by the native pass");
       // attention block
-      rms_norm(xs, n, h, L.ln1.data_ptr<float>(), eps_, hn);
-      to_pairs(hn, n, h, h, xp, L.qkv.kp);
+      serial([&] {
+        rms_norm(xs, n, h, L.ln1.data_ptr<float>(), eps_, hn);
+        to_pairs(hn, n, h, h, xp, L.qkv.kp);
+      });
       gemv(L.qkv, xp, n, L.qkv.kp, qs);
       const int64_t ldq = L.qkv.width();
       float* kl = kc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
       float* vl = vc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
+      serial([&] {
       for (int64_t t = 0; t < n; ++t) {
         float* row = qs + t * ldq;
         for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh) rotate(row + hh * d, cs + t * d, sn + t * d, d);
@@ -979,31 +1008,38 @@ class Model {
           std::memcpy(vl + (g * capacity + start + t) * d, row + q_width + kv_width + g * d, d * sizeof(float));
         }
       }
+      });
       attention.run(qs, ldq, os, q_width, kl, vl, capacity);
-      to_pairs(os, n, q_width, q_width, xp, L.o.kp);
+      serial([&] { to_pairs(os, n, q_width, q_width, xp, L.o.kp); });
       gemv(L.o, xp, n, L.o.kp, ps);
-      for (int64_t t = 0; t < n; ++t)
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
-        for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.o.width() + i];
-      // MLP block
-      rms_norm(xs, n, h, L.ln2.data_ptr<float>(), eps_, hn);
-      to_pairs(hn, n, h, h, xp, L.gate_up.kp);
+          for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.o.width() + i];
+        // MLP block
+        rms_norm(xs, n, h, L.ln2.data_ptr<float>(), eps_, hn);
+        to_pairs(hn, n, h, h, xp, L.gate_up.kp);
+      });
       gemv(L.gate_up, xp, n, L.gate_up.kp, gs);
       const int64_t ldg = L.gate_up.width();
-      for (int64_t t = 0; t < n; ++t) {
-        const float* gate = gs + t * ldg;
-        const float* up = gate + inter;
-        float* a = as + t * inter;
-        silu_mul(gate, up, a, inter);
-      }
-      to_pairs(as, n, inter, inter, xp, L.down.kp);
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t) {
+          const float* gate = gs + t * ldg;
+          const float* up = gate + inter;
+          float* a = as + t * inter;
+          silu_mul(gate, up, a, inter);
+        }
+        to_pairs(as, n, inter, inter, xp, L.down.kp);
+      });
       gemv(L.down, xp, n, L.down.kp, ps);
-      for (int64_t t = 0; t < n; ++t)
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
-        for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.down.width() + i];
+          for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.down.width() + i];
+      });
     }
     at::Tensor hidden = at::empty({n, h}, f32);
-    rms_norm(xs, n, h, norm_.data_ptr<float>(), eps_, hidden.data_ptr<float>());
+    serial([&] { rms_norm(xs, n, h, norm_.data_ptr<float>(), eps_, hidden.data_ptr<float>()); });
     at::Tensor out;
     if (logits) {
       TORCH_CHECK(head_.n > 0, "no LM head was set");

@@ -389,3 +389,36 @@ def test_the_native_model_checks_every_shape_it_reads():
     with pytest.raises(RuntimeError, match="no LM head was set"):
         hand_forward(m)
     assert hand_forward(m, logits=False)[1] is None
+
+
+def test_denormals_are_flushed_on_every_worker_thread_and_the_mode_restored_after():
+    """Values of 1e-39 (denormal floats) read as zero on every thread of a call (each of 2 threads runs half of the
+    attention's 8 kv-head tasks and half of a product's outputs), whatever the kernel family; every thread's mode
+    is the same after the call as before, so torch's own arithmetic, serial or on its worker threads, still keeps
+    denormals. (torch's worker threads are started first, outside any call: a thread started inside one would
+    inherit the flushed mode from its creator.)"""
+    big = torch.full((1 << 20,), 1e-39)
+
+    def torch_keeps_denormals():  # on this thread, and over 2 threads for a million-element product
+        return (torch.tensor(1e-39) * 1.0).item() != 0 and bool(((big * 1.0) != 0).all())
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch_keeps_denormals()  # before any call; torch's pool of 2 threads now exists
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            q = torch.ones(3, 8, 16)
+            vals = torch.full((8, 5, 16), 1e-39)
+            out = native.attention(q, torch.ones(8, 5, 16), vals, 2, None)
+            assert out.shape == (3, 8, 16) and torch.equal(out, torch.zeros_like(out)), t
+            # a product whose every input pair is (1, 1e-39): zeros in every output block
+            w = torch.full((64 * 16, 32), 1e-39)
+            got = native.linear(torch.ones(2, 32), native.pack([w]))
+            assert torch.equal(got, torch.zeros_like(got)), t
+            torch.set_num_threads(2)
+            assert torch_keeps_denormals(), t  # every thread's mode came back
+        # the same check fails where nothing is flushed: torch's own attention-like sum of the same values
+        assert (torch.softmax(torch.zeros(5), 0) @ vals[0]).abs().max() > 0
+    finally:
+        torch.set_num_threads(threads)
