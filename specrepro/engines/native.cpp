@@ -727,20 +727,56 @@ TileFn pick(int rows, int nb) {
   return nb == 2 ? kTiles2[rows - 1] : kTiles1[rows - 1];
 }
 
+// The float32 inputs of the kernels without bfloat16 products: one buffer per calling thread, reused by every
+// call, with kPadRows zero rows after the last row. The padding is there because GCC 12 vectorizes the portable
+// family's tile<4, 1> (its loops over the plain `vf` struct) into 8-byte loads that take x from rows 4 and 5 as
+// well, then discard them (found in the core dumps of the portable build's intermittent SIGSEGV: a 64-row pass,
+// last tile, loads from rows 64 and 65 of a 64-row buffer). Past the end of a heap buffer that ends at the top of
+// the heap those loads fault; inside the padding they read zeros nobody uses.
+// $SPECREPRO_NATIVE_GUARD_PAGE=1 (read once) puts the buffer's end against an unreadable page, so that any read
+// past the padding faults every time instead of once in a while (the tests run the portable family that way).
+constexpr int64_t kPadRows = 8;
+
+float* widened_inputs(int64_t floats) {
+  static const bool guard = [] {
+    const char* v = std::getenv("SPECREPRO_NATIVE_GUARD_PAGE");
+    return v != nullptr && v[0] == '1';
+  }();
+  thread_local std::vector<float> plain;
+  thread_local char* mapped = nullptr;
+  thread_local size_t mapped_bytes = 0;
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  if (!guard) {
+    if (plain.size() < static_cast<size_t>(floats)) plain.resize(floats);
+    return plain.data();
+  }
+  const size_t page = 4096, usable = (bytes + page - 1) / page * page;
+  if (mapped == nullptr || mapped_bytes < usable + page) {
+    if (mapped != nullptr) munmap(mapped, mapped_bytes);
+    mapped_bytes = usable + page;
+    void* m = mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(m != MAP_FAILED, "no memory for the kernel inputs");
+    mapped = static_cast<char*>(m);
+    TORCH_CHECK(mprotect(mapped + mapped_bytes - page, page, PROT_NONE) == 0, "mprotect failed");
+  }
+  return reinterpret_cast<float*>(mapped + mapped_bytes - page - bytes);  // ends where the unreadable page starts
+}
+
 // Y [rows, p.width()] = X W^T (+ bias), X as bfloat16 pairs [rows, ldx >= p.kp]. The threads split the outputs
 // (blocks of 16) in even contiguous ranges; each walks its range four blocks at a time, all rows per four.
 void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* y) {
   const auto* w = reinterpret_cast<const uint32_t*>(p.w.data_ptr<int32_t>());
   const int64_t ldy = p.width();
-  std::vector<float> wide;  // the kernels without bfloat16 products read the inputs as float32
+  const float* xf = nullptr;  // the kernels without bfloat16 products read the inputs as float32
 #ifndef SPECREPRO_DPBF16
-  wide.resize(rows * 2 * ldx);
+  float* wide = widened_inputs((rows + kPadRows) * 2 * ldx);
   for (int64_t i = 0; i < rows * ldx; ++i) {
     wide[2 * i] = bits_to_float(x[i] << 16);
     wide[2 * i + 1] = bits_to_float(x[i] & 0xffff0000u);
   }
+  std::fill(wide + rows * 2 * ldx, wide + (rows + kPadRows) * 2 * ldx, 0.f);
+  xf = wide;
 #endif
-  const float* xf = wide.data();
   at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
     const FlushDenormals flush;
     for (int64_t b0 = first; b0 < last; b0 += 4) {
