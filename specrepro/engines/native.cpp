@@ -252,23 +252,6 @@ inline uint32_t to_bf16(float f) {
   return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
 }
 
-// exp for the softmax and SiLU: Cephes' polynomial after range reduction, about 2 ulp. Below -86 it returns 0
-// (e^-86 < 1e-37): results near the smallest normal float would make the products that use them denormal,
-// which x86 computes far more slowly. The vector versions below take the same steps with FMAs.
-inline float fast_exp(float x) {
-  if (!(x >= -86.0f)) return 0.0f;
-  x = std::min(x, 88.3f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-}
 
 // ---- One vector type per kernel family: kW float32 lanes and the few operations the pass needs. Horizontal
 // sums add the lanes in one fixed tree (lane i + lane i + kW/2 first, and so on down).
@@ -296,23 +279,14 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-inline vf vexp(vf x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_GE_OQ);
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
-}
+inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }  // b where a is NaN
+inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+// 2^n for whole n in the float range's exponents
+inline vf vpow2(vf n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
+// v where x >= c, else 0 (and 0 where x is NaN)
+inline vf vkeep_ge(vf x, float c, vf v) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(c), _CMP_GE_OQ), v); }
 // out[i] = scale * (the lanes of a_i summed), i < 4; each sum's tree is that of its own vector only
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
@@ -345,23 +319,12 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-inline vf vexp(vf x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  const __m256 n = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vfloor(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2(vf n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
+inline vf vkeep_ge(vf x, float c, vf v) { return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(c), _CMP_GE_OQ), v); }
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   _mm_storeu_ps(out, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)), _mm_set1_ps(scale)));
@@ -384,7 +347,12 @@ inline vf vadd(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] + b.x[i]) }
 inline vf vsub(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] - b.x[i]) }
 inline vf vmul(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] * b.x[i]) }
 inline vf vdiv(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] / b.x[i]) }
-inline vf vexp(vf a) { SPECREPRO_LANEWISE(fast_exp(a.x[i])) }
+inline vf vfnma(vf a, vf b, vf c) { SPECREPRO_LANEWISE(c.x[i] - a.x[i] * b.x[i]) }
+inline vf vmin(vf a, vf b) { SPECREPRO_LANEWISE(std::min(a.x[i], b.x[i])) }
+inline vf vmax(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] > b.x[i] ? a.x[i] : b.x[i]) }  // b where a is NaN, as x86's
+inline vf vfloor(vf a) { SPECREPRO_LANEWISE(std::floor(a.x[i])) }
+inline vf vpow2(vf n) { SPECREPRO_LANEWISE(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.x[i]) + 127) << 23)) }
+inline vf vkeep_ge(vf x, float c, vf v) { SPECREPRO_LANEWISE(x.x[i] >= c ? v.x[i] : 0.f) }
 inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   for (int i = 0; i < kW; ++i) {
     even.x[i] = bits_to_float(p[i] << 16);
@@ -401,6 +369,24 @@ inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   out[0] = vhsum(a0) * scale, out[1] = vhsum(a1) * scale, out[2] = vhsum(a2) * scale, out[3] = vhsum(a3) * scale;
 }
 #endif
+
+// exp for the softmax and SiLU, written once over the helpers above: Cephes' polynomial after range reduction,
+// about 2 ulp. Below -86 it returns 0 (e^-86 < 1e-37): results near the smallest normal float would make the
+// products that use them denormal. (The portable family's vfma is a multiply and an add, the others' one FMA.)
+inline vf vexp(vf x) {
+  const vf xc = vmin(vmax(x, vset(-87.0f)), vset(88.3f));  // -87: n stays a small whole float in the lanes dropped below
+  const vf n = vfloor(vfma(xc, vset(1.44269504088896341f), vset(0.5f)));
+  vf r = vfnma(n, vset(0.693359375f), xc);
+  r = vfma(n, vset(2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
+  return vkeep_ge(x, -86.0f, vmul(p, vpow2(n)));
+}
 
 // the first len < kW values at p, the other lanes `fill`
 inline vf vload_part(const float* p, int64_t len, float fill) {
@@ -1108,6 +1094,17 @@ at::Tensor linear(const at::Tensor& x, const Packed& p) {
   return y.narrow(1, 0, p.n);
 }
 
+// vexp over a float32 tensor, for tests
+at::Tensor exp_values(const at::Tensor& x) {
+  at::Tensor out = x.to(at::kFloat).contiguous().clone();
+  float* p = out.data_ptr<float>();
+  const int64_t n = out.numel();
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) vstore(p + i, vexp(vload(p + i)));
+  if (i < n) vstore_part(p + i, vexp(vload_part(p + i, n - i, 0.f)), n - i);
+  return out;
+}
+
 const char* simd() {
 #if defined(SPECREPRO_DPBF16)
   return "avx512_bf16";
@@ -1138,5 +1135,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);
+  m.def("exp", &exp_values);
   m.def("compiled_for", [] { return std::string(cpu_check::compiled_for); });
 }
