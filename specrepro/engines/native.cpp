@@ -281,12 +281,13 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
 }
 inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
 inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
-inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }  // b where a is NaN
 inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-// 2^n for whole n in the float range's exponents
+// 2^n for whole n in the float range's exponents (other n: lanes vexp drops)
 inline vf vpow2(vf n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
-// v where x >= c, else 0 (and 0 where x is NaN)
-inline vf vkeep_ge(vf x, float c, vf v) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(c), _CMP_GE_OQ), v); }
+// a * b where x >= c, else 0 (and 0 where x is NaN)
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) {
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(c), _CMP_GE_OQ), a, b);
+}
 // out[i] = scale * (the lanes of a_i summed), i < 4; each sum's tree is that of its own vector only
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
@@ -321,10 +322,11 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
 }
 inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
-inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vfloor(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vf vpow2(vf n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
-inline vf vkeep_ge(vf x, float c, vf v) { return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(c), _CMP_GE_OQ), v); }
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) {
+  return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(c), _CMP_GE_OQ), _mm256_mul_ps(a, b));
+}
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   _mm_storeu_ps(out, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)), _mm_set1_ps(scale)));
@@ -349,10 +351,12 @@ inline vf vmul(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] * b.x[i]) }
 inline vf vdiv(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] / b.x[i]) }
 inline vf vfnma(vf a, vf b, vf c) { SPECREPRO_LANEWISE(c.x[i] - a.x[i] * b.x[i]) }
 inline vf vmin(vf a, vf b) { SPECREPRO_LANEWISE(std::min(a.x[i], b.x[i])) }
-inline vf vmax(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] > b.x[i] ? a.x[i] : b.x[i]) }  // b where a is NaN, as x86's
 inline vf vfloor(vf a) { SPECREPRO_LANEWISE(std::floor(a.x[i])) }
-inline vf vpow2(vf n) { SPECREPRO_LANEWISE(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.x[i]) + 127) << 23)) }
-inline vf vkeep_ge(vf x, float c, vf v) { SPECREPRO_LANEWISE(x.x[i] >= c ? v.x[i] : 0.f) }
+// (n clamped to [-127, 128] first: a float out of int32's range has no defined conversion in C++)
+inline vf vpow2(vf n) {
+  SPECREPRO_LANEWISE(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.x[i] > -127.f ? std::min(n.x[i], 128.f) : -127.f) + 127) << 23))
+}
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) { SPECREPRO_LANEWISE(x.x[i] >= c ? a.x[i] * b.x[i] : 0.f) }
 inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   for (int i = 0; i < kW; ++i) {
     even.x[i] = bits_to_float(p[i] << 16);
@@ -374,7 +378,7 @@ inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
 // about 2 ulp. Below -86 it returns 0 (e^-86 < 1e-37): results near the smallest normal float would make the
 // products that use them denormal. (The portable family's vfma is a multiply and an add, the others' one FMA.)
 inline vf vexp(vf x) {
-  const vf xc = vmin(vmax(x, vset(-87.0f)), vset(88.3f));  // -87: n stays a small whole float in the lanes dropped below
+  const vf xc = vmin(x, vset(88.3f));
   const vf n = vfloor(vfma(xc, vset(1.44269504088896341f), vset(0.5f)));
   vf r = vfnma(n, vset(0.693359375f), xc);
   r = vfma(n, vset(2.12194440e-4f), r);
@@ -385,7 +389,7 @@ inline vf vexp(vf x) {
   p = vfma(p, r, vset(1.6666665459e-1f));
   p = vfma(p, r, vset(5.0000001201e-1f));
   p = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
-  return vkeep_ge(x, -86.0f, vmul(p, vpow2(n)));
+  return vmul_where_ge(x, -86.0f, p, vpow2(n));
 }
 
 // the first len < kW values at p, the other lanes `fill`
