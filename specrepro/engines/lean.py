@@ -42,20 +42,95 @@ def set_threads(n: int | None = None) -> int:
 
 
 def is_llama_like(model: torch.nn.Module) -> bool:
-    """Llama-shaped decoder layers (q/k/v/o projections, gated MLP, RMSNorm): Llama, SmolLM, Mistral..."""
+    """Llama-shaped decoder layers the lean runner computes exactly (q/k/v/o projections, gated SiLU MLP,
+    RMSNorm, full RoPE, 1/sqrt(head size) attention, no multipliers): Llama, SmolLM, Qwen2... `llama_like_reason`
+    says why a model is not."""
+    return llama_like_reason(model) is None
+
+
+_SCALES = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "logit_scale", "attention_multiplier")
+
+
+def llama_like_reason(model: torch.nn.Module) -> str | None:
+    """None if the lean runner computes `model` exactly, else what it would get wrong or cannot read.
+
+    Structure alone is not enough: Granite has Llama's modules and multiplies embeddings, residuals, attention
+    scores and logits by configured constants; StableLM and Cohere have them with LayerNorms (and partial RoPE, or
+    a parallel residual). So the layers must hold exactly Llama's modules, the norms must compute RMSNorm (checked
+    on a probe row), the attention must scale by 1/sqrt(head size), and every multiplier must be 1.
+    """
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if layers is None or not len(layers) or not hasattr(base, "rotary_emb"):
-        return False
+        return "no decoder layers with rotary embeddings at model.model"
+    config = getattr(model, "config", None)
     layer = layers[0]
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return (
-        all(hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
-        and getattr(model.config, "hidden_act", "silu") == "silu"
-        and not hasattr(attn, "q_norm")  # Qwen3/OLMo2-style q/k norms are not handled
-        and getattr(model.config, "sliding_window", None) is None
-    )
+    if not all(hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention without separate q/k/v/o projections"
+    if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        return "no gated MLP (gate/up/down projections)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}, not SiLU"
+    if getattr(config, "sliding_window", None) is not None:
+        return "sliding-window attention"
+    for i, lay in enumerate(layers):
+        extra = (_children(lay) - {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+                 or _children(lay.self_attn) - {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_emb"}
+                 or _children(lay.mlp) - {"gate_proj", "up_proj", "down_proj", "act_fn"})
+        if extra:  # q/k norms (Qwen3, OLMo2, Cohere), extra layer norms (Gemma2): steps the runner would skip
+            return f"layer {i} has modules the runner does not compute: {', '.join(sorted(extra))}"
+        if not hasattr(lay, "post_attention_layernorm"):
+            return f"layer {i} has no post-attention norm (a parallel residual)"
+    for name in _SCALES:
+        value = getattr(config, name, None)
+        if value is not None and name != "attention_multiplier" and value != 1:
+            return f"{name} = {value} (the runner multiplies by nothing)"
+    rope = getattr(config, "rope_parameters", None) or {}
+    partial = getattr(config, "partial_rotary_factor", None) or (rope.get("partial_rotary_factor") if isinstance(rope, dict)
+                                                                 else None)
+    if partial not in (None, 1, 1.0):
+        return f"partial RoPE (partial_rotary_factor = {partial})"
+    if getattr(config, "use_parallel_residual", False):
+        return "a parallel residual"
+    if getattr(config, "clip_qkv", None) is not None:
+        return f"clipped q/k/v (clip_qkv = {config.clip_qkv})"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    scaling = getattr(attn, "scaling", None)
+    if scaling is not None and abs(scaling * head_dim ** 0.5 - 1) > 1e-6:
+        return f"attention scores scaled by {scaling:g}, not 1/sqrt({head_dim})"
+    for where, norm in [("final norm", base.norm)] + [(f"layer {i} {n}", getattr(lay, n)) for i, lay in enumerate(layers)
+                                                      for n in ("input_layernorm", "post_attention_layernorm")]:
+        reason = _not_rms_norm(norm, config.hidden_size)
+        if reason:
+            return f"the {where} {reason}"
+    return None
+
+
+def _children(module: torch.nn.Module) -> set[str]:
+    """Names of the child modules that compute something at inference (dropouts do not)."""
+    return {n for n, c in module.named_children() if not isinstance(c, (torch.nn.Dropout, torch.nn.Identity))}
+
+
+def _not_rms_norm(norm: torch.nn.Module, hidden: int) -> str | None:
+    """None if norm(x) = weight * x / sqrt(mean(x^2) + eps) on a probe row (offset from zero, so that a LayerNorm's
+    mean subtraction shows), else how it differs."""
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.shape != (hidden,):
+        return f"({type(norm).__name__}) has no weight of size {hidden}"
+    if getattr(norm, "bias", None) is not None:
+        return f"({type(norm).__name__}) has a bias"
+    if weight.device.type == "meta":
+        return None
+    x = (torch.randn(2, hidden, generator=torch.Generator().manual_seed(0)) + 2).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        got = norm(x).float()
+        xf = x.float()
+        want = weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _eps(norm)))
+    tol = 1e-4 if weight.dtype == torch.float32 else 2e-2
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item()):
+        return f"({type(norm).__name__}) does not compute RMSNorm"
+    return None
 
 
 class LeanRunner:
@@ -89,8 +164,9 @@ class LeanRunner:
         compile: bool = False,
         backend: str = "eager",
     ):
-        if not is_llama_like(model):
-            raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}")
+        reason = llama_like_reason(model)
+        if reason is not None:
+            raise TypeError(f"LeanRunner handles Llama-family models only, got {type(model).__name__}: {reason}")
         from .runners import split_reason
 
         reason = split_reason(model)

@@ -27,6 +27,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -40,6 +43,151 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+// ---- The instruction sets this module was compiled for (-march=native plus $SPECREPRO_NATIVE_CFLAGS), checked
+// against the CPU when the library is loaded, before any code that may use them runs: a module built with
+// flags the CPU lacks is refused at import with the missing features named, instead of dying by SIGILL in
+// its first pass. The check runs as the library's first constructor and is compiled for baseline x86-64.
+// $SPECREPRO_NATIVE_ASSUME_CPU (a comma-separated feature list) replaces the CPU's answers: the tests' way to
+// exercise the refusal on a CPU that has every feature the build used.
+namespace cpu_check {
+char compiled_for[512];  // comma-separated names, as __builtin_cpu_supports spells them
+char missing[512];       // those this CPU lacks
+
+void append(char* list, const char* name) {
+  const size_t used = std::strlen(list), len = std::strlen(name);
+  if (used + len + 2 >= 512) return;
+  if (used) list[used] = ',', list[used + 1] = '\0';
+  std::strcat(list, name);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("arch=x86-64"))) bool listed(const char* list, const char* name) {
+  const size_t len = std::strlen(name);
+  for (const char* p = list; *p;) {
+    const char* end = p;
+    while (*end && *end != ',' && *end != ' ') ++end;
+    if (static_cast<size_t>(end - p) == len && std::strncmp(p, name, len) == 0) return true;
+    p = *end ? end + 1 : end;
+  }
+  return false;
+}
+
+__attribute__((target("arch=x86-64"))) void need(const char* name, int supported) {
+  const char* assumed = std::getenv("SPECREPRO_NATIVE_ASSUME_CPU");
+  append(compiled_for, name);
+  if (!(assumed ? listed(assumed, name) : supported != 0)) append(missing, name);
+}
+
+#define SPECREPRO_NEED(name) need(name, __builtin_cpu_supports(name))
+__attribute__((constructor(101), target("arch=x86-64"))) void check() {
+  __builtin_cpu_init();
+#ifdef __SSE3__
+  SPECREPRO_NEED("sse3");
+#endif
+#ifdef __SSSE3__
+  SPECREPRO_NEED("ssse3");
+#endif
+#ifdef __SSE4_1__
+  SPECREPRO_NEED("sse4.1");
+#endif
+#ifdef __SSE4_2__
+  SPECREPRO_NEED("sse4.2");
+#endif
+#ifdef __POPCNT__
+  SPECREPRO_NEED("popcnt");
+#endif
+#ifdef __AVX__
+  SPECREPRO_NEED("avx");
+#endif
+#ifdef __AVX2__
+  SPECREPRO_NEED("avx2");
+#endif
+#ifdef __FMA__
+  SPECREPRO_NEED("fma");
+#endif
+#ifdef __F16C__
+  SPECREPRO_NEED("f16c");
+#endif
+#ifdef __BMI__
+  SPECREPRO_NEED("bmi");
+#endif
+#ifdef __BMI2__
+  SPECREPRO_NEED("bmi2");
+#endif
+#ifdef __LZCNT__
+  SPECREPRO_NEED("lzcnt");
+#endif
+#ifdef __MOVBE__
+  SPECREPRO_NEED("movbe");
+#endif
+#ifdef __AES__
+  SPECREPRO_NEED("aes");
+#endif
+#ifdef __PCLMUL__
+  SPECREPRO_NEED("pclmul");
+#endif
+#ifdef __SHA__
+  SPECREPRO_NEED("sha");
+#endif
+#ifdef __ADX__
+  SPECREPRO_NEED("adx");
+#endif
+#ifdef __GFNI__
+  SPECREPRO_NEED("gfni");
+#endif
+#ifdef __VAES__
+  SPECREPRO_NEED("vaes");
+#endif
+#ifdef __VPCLMULQDQ__
+  SPECREPRO_NEED("vpclmulqdq");
+#endif
+#ifdef __AVX512F__
+  SPECREPRO_NEED("avx512f");
+#endif
+#ifdef __AVX512BW__
+  SPECREPRO_NEED("avx512bw");
+#endif
+#ifdef __AVX512VL__
+  SPECREPRO_NEED("avx512vl");
+#endif
+#ifdef __AVX512DQ__
+  SPECREPRO_NEED("avx512dq");
+#endif
+#ifdef __AVX512CD__
+  SPECREPRO_NEED("avx512cd");
+#endif
+#ifdef __AVX512BF16__
+  SPECREPRO_NEED("avx512bf16");
+#endif
+#ifdef __AVX512VNNI__
+  SPECREPRO_NEED("avx512vnni");
+#endif
+#ifdef __AVX512VBMI__
+  SPECREPRO_NEED("avx512vbmi");
+#endif
+#ifdef __AVX512VBMI2__
+  SPECREPRO_NEED("avx512vbmi2");
+#endif
+#ifdef __AVX512IFMA__
+  SPECREPRO_NEED("avx512ifma");
+#endif
+#ifdef __AVX512BITALG__
+  SPECREPRO_NEED("avx512bitalg");
+#endif
+#ifdef __AVX512VPOPCNTDQ__
+  SPECREPRO_NEED("avx512vpopcntdq");
+#endif
+#ifdef __AVX512FP16__
+  SPECREPRO_NEED("avx512fp16");
+#endif
+#ifdef __AVXVNNI__
+  SPECREPRO_NEED("avxvnni");
+#endif
+}
+#undef SPECREPRO_NEED
+#endif
+}  // namespace cpu_check
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -55,6 +203,26 @@
 namespace {
 
 constexpr int kLanes = 16;  // outputs per packed block
+
+// Denormal floats flushed to zero (FTZ) and read as zero (DAZ) while the pass runs, on the calling thread and on
+// every worker thread of its parallel regions (MXCSR is per thread): x86 computes with denormals far more slowly,
+// and the AVX512-BF16 products flush them regardless, so every family gives them the same zeros. The previous
+// mode is restored on leaving, so the process's other computations see no change.
+struct FlushDenormals {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int saved;
+  FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040u); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushDenormals() { _mm_setcsr(saved); }
+#endif
+};
+
+// f() on this thread with denormals flushed. Parallel regions flush inside each worker's part instead, never
+// around the region: a worker thread created inside a flushed region would inherit the mode and keep it.
+template <class F>
+inline void serial(F&& f) {
+  const FlushDenormals flush;
+  f();
+}
 // Software prefetch of the weights PF_AHEAD cache lines ahead, for tiles of more than PF_ROWS rows: their
 // products are slow enough that the hardware prefetcher falls behind (1 thread, after 300 tokens: a pass over
 // 9 tokens 21.8 -> 20.8 ms, over 17 tokens 38.5 -> 35.6; over 2-5 tokens prefetching made it slower).
@@ -84,23 +252,6 @@ inline uint32_t to_bf16(float f) {
   return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
 }
 
-// exp for the softmax and SiLU: Cephes' polynomial after range reduction, about 2 ulp. Below -86 it returns 0
-// (e^-86 < 1e-37): results near the smallest normal float would make the products that use them denormal,
-// which x86 computes far more slowly. The vector versions below take the same steps with FMAs.
-inline float fast_exp(float x) {
-  if (!(x >= -86.0f)) return 0.0f;
-  x = std::min(x, 88.3f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-}
 
 // ---- One vector type per kernel family: kW float32 lanes and the few operations the pass needs. Horizontal
 // sums add the lanes in one fixed tree (lane i + lane i + kW/2 first, and so on down).
@@ -128,22 +279,14 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-inline vf vexp(vf x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_GE_OQ);
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+// 2^n for whole n in the float range's exponents (other n: lanes vexp drops)
+inline vf vpow2(vf n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
+// a * b where x >= c, else 0 (and 0 where x is NaN)
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) {
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(c), _CMP_GE_OQ), a, b);
 }
 // out[i] = scale * (the lanes of a_i summed), i < 4; each sum's tree is that of its own vector only
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
@@ -177,22 +320,12 @@ inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-inline vf vexp(vf x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  const __m256 n = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf vfloor(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2(vf n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) {
+  return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(c), _CMP_GE_OQ), _mm256_mul_ps(a, b));
 }
 inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -216,7 +349,14 @@ inline vf vadd(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] + b.x[i]) }
 inline vf vsub(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] - b.x[i]) }
 inline vf vmul(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] * b.x[i]) }
 inline vf vdiv(vf a, vf b) { SPECREPRO_LANEWISE(a.x[i] / b.x[i]) }
-inline vf vexp(vf a) { SPECREPRO_LANEWISE(fast_exp(a.x[i])) }
+inline vf vfnma(vf a, vf b, vf c) { SPECREPRO_LANEWISE(c.x[i] - a.x[i] * b.x[i]) }
+inline vf vmin(vf a, vf b) { SPECREPRO_LANEWISE(std::min(a.x[i], b.x[i])) }
+inline vf vfloor(vf a) { SPECREPRO_LANEWISE(std::floor(a.x[i])) }
+// (n clamped to [-127, 128] first: a float out of int32's range has no defined conversion in C++)
+inline vf vpow2(vf n) {
+  SPECREPRO_LANEWISE(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.x[i] > -127.f ? std::min(n.x[i], 128.f) : -127.f) + 127) << 23))
+}
+inline vf vmul_where_ge(vf x, float c, vf a, vf b) { SPECREPRO_LANEWISE(x.x[i] >= c ? a.x[i] * b.x[i] : 0.f) }
 inline void vbf16(const uint32_t* p, vf& even, vf& odd) {
   for (int i = 0; i < kW; ++i) {
     even.x[i] = bits_to_float(p[i] << 16);
@@ -233,6 +373,24 @@ inline void vsum4(vf a0, vf a1, vf a2, vf a3, float scale, float* out) {
   out[0] = vhsum(a0) * scale, out[1] = vhsum(a1) * scale, out[2] = vhsum(a2) * scale, out[3] = vhsum(a3) * scale;
 }
 #endif
+
+// exp for the softmax and SiLU, written once over the helpers above: Cephes' polynomial after range reduction,
+// about 2 ulp. Below -86 it returns 0 (e^-86 < 1e-37): results near the smallest normal float would make the
+// products that use them denormal. (The portable family's vfma is a multiply and an add, the others' one FMA.)
+inline vf vexp(vf x) {
+  const vf xc = vmin(x, vset(88.3f));
+  const vf n = vfloor(vfma(xc, vset(1.44269504088896341f), vset(0.5f)));
+  vf r = vfnma(n, vset(0.693359375f), xc);
+  r = vfma(n, vset(2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vadd(vfma(vmul(p, r), r, r), vset(1.0f));
+  return vmul_where_ge(x, -86.0f, p, vpow2(n));
+}
 
 // the first len < kW values at p, the other lanes `fill`
 inline vf vload_part(const float* p, int64_t len, float fill) {
@@ -469,7 +627,10 @@ struct Packed {
     w = w_.numel() ? huge_page_copy(w_) : w_;
     blocks = w.size(0);
     kp = w.size(1);
-    TORCH_CHECK(blocks * kLanes >= n && kp * 2 >= k, "packed weight is smaller than its ", n, " x ", k, " matrix");
+    TORCH_CHECK((n >= 1 && k >= 1) || (n == 0 && k == 0), "a packed weight needs at least one output and one input, "
+                "got ", n, " x ", k);  // 0 x 0: the model's "no LM head yet"
+    TORCH_CHECK(blocks == (n + kLanes - 1) / kLanes && kp == (k + 1) / 2, "packed weight is [", blocks, ", ", kp,
+                ", 16], a ", n, " x ", k, " matrix packs to [", (n + kLanes - 1) / kLanes, ", ", (k + 1) / 2, ", 16]");
     if (bias_.has_value()) {
       bias = bias_->to(at::kFloat).contiguous();
       TORCH_CHECK(bias.numel() == n, "bias has ", bias.numel(), " elements for ", n, " outputs");
@@ -556,21 +717,58 @@ TileFn pick(int rows, int nb) {
   return nb == 2 ? kTiles2[rows - 1] : kTiles1[rows - 1];
 }
 
+// The float32 inputs of the kernels without bfloat16 products: one buffer per calling thread, reused by every
+// call, with kPadRows zero rows after the last row. The padding is there because GCC 12 vectorizes the portable
+// family's tile<4, 1> (its loops over the plain `vf` struct) into 8-byte loads that take x from rows 4 and 5 as
+// well, then discard them (found in the core dumps of the portable build's intermittent SIGSEGV: a 64-row pass,
+// last tile, loads from rows 64 and 65 of a 64-row buffer). Past the end of a heap buffer that ends at the top of
+// the heap those loads fault; inside the padding they read zeros nobody uses.
+// $SPECREPRO_NATIVE_GUARD_PAGE=1 (read once) puts the buffer's end against an unreadable page, so that any read
+// past the padding faults every time instead of once in a while (the tests run the portable family that way).
+constexpr int64_t kPadRows = 8;
+
+float* widened_inputs(int64_t floats) {
+  static const bool guard = [] {
+    const char* v = std::getenv("SPECREPRO_NATIVE_GUARD_PAGE");
+    return v != nullptr && v[0] == '1';
+  }();
+  thread_local std::vector<float> plain;
+  thread_local char* mapped = nullptr;
+  thread_local size_t mapped_bytes = 0;
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  if (!guard) {
+    if (plain.size() < static_cast<size_t>(floats)) plain.resize(floats);
+    return plain.data();
+  }
+  const size_t page = 4096, usable = (bytes + page - 1) / page * page;
+  if (mapped == nullptr || mapped_bytes < usable + page) {
+    if (mapped != nullptr) munmap(mapped, mapped_bytes);
+    mapped_bytes = usable + page;
+    void* m = mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(m != MAP_FAILED, "no memory for the kernel inputs");
+    mapped = static_cast<char*>(m);
+    TORCH_CHECK(mprotect(mapped + mapped_bytes - page, page, PROT_NONE) == 0, "mprotect failed");
+  }
+  return reinterpret_cast<float*>(mapped + mapped_bytes - page - bytes);  // ends where the unreadable page starts
+}
+
 // Y [rows, p.width()] = X W^T (+ bias), X as bfloat16 pairs [rows, ldx >= p.kp]. The threads split the outputs
 // (blocks of 16) in even contiguous ranges; each walks its range four blocks at a time, all rows per four.
 void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* y) {
   const auto* w = reinterpret_cast<const uint32_t*>(p.w.data_ptr<int32_t>());
   const int64_t ldy = p.width();
-  std::vector<float> wide;  // the kernels without bfloat16 products read the inputs as float32
+  const float* xf = nullptr;  // the kernels without bfloat16 products read the inputs as float32
 #ifndef SPECREPRO_DPBF16
-  wide.resize(rows * 2 * ldx);
+  float* wide = widened_inputs((rows + kPadRows) * 2 * ldx);
   for (int64_t i = 0; i < rows * ldx; ++i) {
     wide[2 * i] = bits_to_float(x[i] << 16);
     wide[2 * i + 1] = bits_to_float(x[i] & 0xffff0000u);
   }
+  std::fill(wide + rows * 2 * ldx, wide + (rows + kPadRows) * 2 * ldx, 0.f);
+  xf = wide;
 #endif
-  const float* xf = wide.data();
   at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
+    const FlushDenormals flush;
     for (int64_t b0 = first; b0 < last; b0 += 4) {
       const int64_t b1 = std::min(b0 + 4, last);
       for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the four blocks' weights stay in cache across rows
@@ -585,6 +783,7 @@ void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* 
     }
   });
   if (p.bias.defined()) {
+    const FlushDenormals flush;
     const float* bias = p.bias.data_ptr<float>();
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t j = 0; j < p.n; ++j) y[m * ldy + j] += bias[j];
@@ -653,6 +852,7 @@ class Attention {
     const int64_t d = d_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     at::parallel_for(0, static_cast<int64_t>(tasks_.size()), 1, [&](int64_t i0, int64_t i1) {
+      const FlushDenormals flush;
       thread_local std::vector<float> scratch;
       for (int64_t i = i0; i < i1; ++i) {
         const Task& task = tasks_[i];
@@ -698,6 +898,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && vals.sizes() == keys.sizes() && q.size(2) == keys.size(2),
               "attention takes q [n, heads, d] and keys, vals [kv_heads, capacity, d]");
   const int64_t n = q.size(0), heads = q.size(1), kv_heads = keys.size(0), d = q.size(2);
+  TORCH_CHECK(n >= 1 && heads >= 1 && kv_heads >= 1 && d >= 1, "attention needs at least one token, head, kv head and "
+              "feature, got q ", q.sizes(), " and keys ", keys.sizes());
   TORCH_CHECK(heads % kv_heads == 0, heads, " query heads do not group over ", kv_heads, " kv heads");
   TORCH_CHECK(start >= 0 && start + n <= keys.size(1), "positions ", start, "..", start + n, " exceed the cache");
   at::Tensor qc = q.to(at::kFloat).contiguous(), kc = keys.to(at::kFloat).contiguous(), vc = vals.to(at::kFloat).contiguous();
@@ -723,7 +925,13 @@ class Model {
   Model(at::Tensor embed, at::Tensor norm, double eps, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim)
       : embed_(std::move(embed)), norm_(norm.to(at::kFloat).contiguous()), eps_(static_cast<float>(eps)),
         heads_(n_heads), kv_heads_(n_kv_heads), head_dim_(head_dim) {
+    TORCH_CHECK(n_heads >= 1 && n_kv_heads >= 1, "the native pass needs at least one query head and one kv head, got ",
+                n_heads, " and ", n_kv_heads);
     TORCH_CHECK(n_heads % n_kv_heads == 0, n_heads, " query heads do not group over ", n_kv_heads, " kv heads");
+    TORCH_CHECK(head_dim >= 2 && head_dim % 2 == 0, "head size must be even and >= 2 (RoPE rotates halves), got ",
+                head_dim);
+    TORCH_CHECK(embed_.dim() == 2 && embed_.size(0) >= 1 && embed_.size(1) >= 1,
+                "the embedding must be [vocab, hidden], got ", embed_.sizes());
     hidden_ = embed_.size(1);
     TORCH_CHECK(norm_.numel() == hidden_, "final norm has ", norm_.numel(), " weights for hidden size ", hidden_);
   }
@@ -736,6 +944,11 @@ class Model {
     TORCH_CHECK(o.k == q && o.n == h, "o projection is ", o.n, " x ", o.k, ", expected ", h, " x ", q);
     TORCH_CHECK(gate_up.k == h && gate_up.n % 2 == 0, "gate/up projection is ", gate_up.n, " x ", gate_up.k);
     TORCH_CHECK(down.k == gate_up.n / 2 && down.n == h, "down projection is ", down.n, " x ", down.k);
+    TORCH_CHECK(ln1.numel() == h && ln2.numel() == h, "layer ", layers_.size(), "'s norms have ", ln1.numel(), " and ",
+                ln2.numel(), " weights for hidden size ", h);
+    TORCH_CHECK(layers_.empty() || gate_up.n == layers_.front().gate_up.n, "layer ", layers_.size(), "'s MLP is ",
+                gate_up.n / 2, " wide, layer 0's ", layers_.front().gate_up.n / 2,
+                ": layers of different shapes are not supported by the native pass");
     layers_.push_back(Layer{ln1.to(at::kFloat).contiguous(), ln2.to(at::kFloat).contiguous(), qkv, o, gate_up, down});
   }
 
@@ -752,17 +965,24 @@ class Model {
                                              at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
     const int64_t n = ids.numel(), h = hidden_, d = head_dim_, end = start + n;
     const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d;
-    TORCH_CHECK(n >= 1, "no tokens to run");
+    TORCH_CHECK(!layers_.empty(), "the model has no layers");
+    TORCH_CHECK(ids.dim() == 1 && n >= 1, "ids must be a non-empty 1-D tensor, got shape ", ids.sizes());
+    TORCH_CHECK(start >= 0, "start must be >= 0, got ", start);
+    TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes(), "caches must be [layers, 1, kv_heads, capacity, "
+                "head_dim] and alike, got keys ", k_cache.sizes(), " and values ", v_cache.sizes());
     TORCH_CHECK(static_cast<int64_t>(layers_.size()) == k_cache.size(0), "cache has ", k_cache.size(0),
                 " layers, the model ", layers_.size());
+    TORCH_CHECK(k_cache.size(2) == kv_heads_ && k_cache.size(4) == d, "cache holds ", k_cache.size(2), " kv heads of size ",
+                k_cache.size(4), ", the model ", kv_heads_, " of size ", d);
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.size(1) == 1,
                 "the native pass needs contiguous float32 caches of batch 1");
+    TORCH_CHECK(!logits || head_.n > 0, "no LM head was set");
     const int64_t capacity = k_cache.size(3);
     TORCH_CHECK(end <= capacity, "positions ", start, "..", end, " exceed the cache capacity ", capacity);
-    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(0) == n && cos.size(1) == d,
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
                 "cos must be float32 [n, head_dim]");
-    TORCH_CHECK(sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.size(0) == n && sin.size(1) == d,
+    TORCH_CHECK(sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.dim() == 2 && sin.size(0) == n && sin.size(1) == d,
                 "sin must be float32 [n, head_dim]");
     const bool* mask_data = nullptr;
     at::Tensor mask_c;
@@ -781,7 +1001,7 @@ class Model {
     float* xs = x.data_ptr<float>();
     const Layer& l0 = layers_.front();
     const int64_t inter = l0.down.k;
-    const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.down.kp, head_.kp});
+    const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.gate_up.kp, l0.down.kp, head_.kp});
     at::Tensor normed = at::empty({n, h}, f32), pairs = at::empty({n, kp_max}, f32.dtype(at::kInt));
     at::Tensor qkv = at::empty({n, l0.qkv.width()}, f32), proj = at::empty({n, std::max(l0.o.width(), l0.down.width())}, f32);
     at::Tensor gu = at::empty({n, l0.gate_up.width()}, f32), act = at::empty({n, inter}, f32);
@@ -797,12 +1017,15 @@ class Model {
       TORCH_CHECK(L.qkv.width() <= qkv.size(1) && L.gate_up.width() <= gu.size(1) && L.down.k == inter,
                   "layers of different shapes are not supported by the native pass");
       // attention block
-      rms_norm(xs, n, h, L.ln1.data_ptr<float>(), eps_, hn);
-      to_pairs(hn, n, h, h, xp, L.qkv.kp);
+      serial([&] {
+        rms_norm(xs, n, h, L.ln1.data_ptr<float>(), eps_, hn);
+        to_pairs(hn, n, h, h, xp, L.qkv.kp);
+      });
       gemv(L.qkv, xp, n, L.qkv.kp, qs);
       const int64_t ldq = L.qkv.width();
       float* kl = kc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
       float* vl = vc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
+      serial([&] {
       for (int64_t t = 0; t < n; ++t) {
         float* row = qs + t * ldq;
         for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh) rotate(row + hh * d, cs + t * d, sn + t * d, d);
@@ -811,31 +1034,38 @@ class Model {
           std::memcpy(vl + (g * capacity + start + t) * d, row + q_width + kv_width + g * d, d * sizeof(float));
         }
       }
+      });
       attention.run(qs, ldq, os, q_width, kl, vl, capacity);
-      to_pairs(os, n, q_width, q_width, xp, L.o.kp);
+      serial([&] { to_pairs(os, n, q_width, q_width, xp, L.o.kp); });
       gemv(L.o, xp, n, L.o.kp, ps);
-      for (int64_t t = 0; t < n; ++t)
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
-        for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.o.width() + i];
-      // MLP block
-      rms_norm(xs, n, h, L.ln2.data_ptr<float>(), eps_, hn);
-      to_pairs(hn, n, h, h, xp, L.gate_up.kp);
+          for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.o.width() + i];
+        // MLP block
+        rms_norm(xs, n, h, L.ln2.data_ptr<float>(), eps_, hn);
+        to_pairs(hn, n, h, h, xp, L.gate_up.kp);
+      });
       gemv(L.gate_up, xp, n, L.gate_up.kp, gs);
       const int64_t ldg = L.gate_up.width();
-      for (int64_t t = 0; t < n; ++t) {
-        const float* gate = gs + t * ldg;
-        const float* up = gate + inter;
-        float* a = as + t * inter;
-        silu_mul(gate, up, a, inter);
-      }
-      to_pairs(as, n, inter, inter, xp, L.down.kp);
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t) {
+          const float* gate = gs + t * ldg;
+          const float* up = gate + inter;
+          float* a = as + t * inter;
+          silu_mul(gate, up, a, inter);
+        }
+        to_pairs(as, n, inter, inter, xp, L.down.kp);
+      });
       gemv(L.down, xp, n, L.down.kp, ps);
-      for (int64_t t = 0; t < n; ++t)
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
-        for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.down.width() + i];
+          for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.down.width() + i];
+      });
     }
     at::Tensor hidden = at::empty({n, h}, f32);
-    rms_norm(xs, n, h, norm_.data_ptr<float>(), eps_, hidden.data_ptr<float>());
+    serial([&] { rms_norm(xs, n, h, norm_.data_ptr<float>(), eps_, hidden.data_ptr<float>()); });
     at::Tensor out;
     if (logits) {
       TORCH_CHECK(head_.n > 0, "no LM head was set");
@@ -868,6 +1098,17 @@ at::Tensor linear(const at::Tensor& x, const Packed& p) {
   return y.narrow(1, 0, p.n);
 }
 
+// vexp over a float32 tensor, for tests
+at::Tensor exp_values(const at::Tensor& x) {
+  at::Tensor out = x.to(at::kFloat).contiguous().clone();
+  float* p = out.data_ptr<float>();
+  const int64_t n = out.numel();
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) vstore(p + i, vexp(vload(p + i)));
+  if (i < n) vstore_part(p + i, vexp(vload_part(p + i, n - i, 0.f)), n - i);
+  return out;
+}
+
 const char* simd() {
 #if defined(SPECREPRO_DPBF16)
   return "avx512_bf16";
@@ -884,6 +1125,8 @@ const char* simd() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
+  if (cpu_check::missing[0])
+    throw py::import_error(std::string("this CPU lacks ") + cpu_check::missing + ", which the native module was compiled for");
   py::class_<Packed>(m, "Packed")
       .def(py::init<at::Tensor, std::optional<at::Tensor>, int64_t, int64_t>())
       .def_readonly("n", &Packed::n)
@@ -896,4 +1139,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);
+  m.def("exp", &exp_values);
+  m.def("compiled_for", [] { return std::string(cpu_check::compiled_for); });
 }

@@ -81,11 +81,15 @@ def load():
             raise RuntimeError(_state["error"])
         try:
             _state["module"] = _build()
-        except Exception as e:  # no compiler, no ninja, a failed compile: one reason, kept
+        except Exception as e:  # no compiler, no ninja, a failed compile, a CPU without the built-for ISA: one reason, kept
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             # a compiler's message is more use than ninja's command line
             first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
-            _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
+            if first.startswith("this CPU lacks"):  # native.cpp's load-time check of the instruction sets
+                _state["error"] = (f"the native CPU pass cannot run on this CPU: {first} "
+                                   f"(flags {' '.join(FLAGS + extra_flags())})")
+            else:
+                _state["error"] = f"the native CPU pass could not be built ({type(e).__name__}: {first})"
             raise RuntimeError(_state["error"]) from e
         return _state["module"]
 
@@ -98,15 +102,39 @@ def _build():
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         raise RuntimeError(f"no native build for {platform.machine()}")
     key = build_key()
-    folder = specrepro_home() / "native" / key
-    folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    module = cpp_extension.load(
-        name=f"specrepro_native_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-        extra_cflags=[*FLAGS, "-fopenmp", *extra_flags()], extra_ldflags=["-fopenmp"], verbose=False,
-    )
+    module = build_extension(f"specrepro_native_{key}", SOURCE, specrepro_home() / "native" / key,
+                             [*FLAGS, "-fopenmp", *extra_flags()], ["-fopenmp"])
     _state["seconds"] = time.perf_counter() - start
     return module
+
+
+def build_extension(name: str, source: Path, folder: Path, cflags: list[str], ldflags: list[str]):
+    """torch.utils.cpp_extension.load of one source into `folder`, safe against builds killed half-way.
+
+    cpp_extension marks a build in progress with a file `lock` that only a finishing build removes: a build
+    killed by SIGKILL (a kernel restart, the OOM killer) leaves it, and every later load of that folder waits
+    for it forever. Here the builds of a folder take turns on an flock of `folder/build.flock`, which the
+    kernel drops when its holder dies; whoever holds it knows no other build runs there, so a `lock` file then
+    is a dead build's and is removed. ninja then redoes whatever the dead build left unfinished.
+    """
+    from torch.utils import cpp_extension
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.flock", "a") as turn:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): cpp_extension's own lock alone
+            fcntl = None
+        if fcntl is not None:
+            fcntl.flock(turn.fileno(), fcntl.LOCK_EX)
+            (folder / "lock").unlink(missing_ok=True)
+        try:
+            return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(folder),
+                                      extra_cflags=cflags, extra_ldflags=ldflags, verbose=False)
+        finally:
+            if fcntl is not None:
+                fcntl.flock(turn.fileno(), fcntl.LOCK_UN)
 
 
 def build_seconds() -> float | None:
@@ -115,12 +143,19 @@ def build_seconds() -> float | None:
 
 
 def describe() -> dict | None:
-    """{"simd", "build_seconds" (this process's first load: a compile or a cached load), "flags"} once the
-    module is loaded in this process, else None (tune and the bench put it in their reports)."""
+    """{"simd", "build_seconds" (this process's first load: a compile or a cached load), "flags", "compiled_for"
+    (the instruction sets the compiler was allowed, each checked against the CPU at load)} once the module is
+    loaded in this process, else None (tune and the bench put it in their reports)."""
     if "module" not in _state:
         return None
     return {"simd": _state["module"].simd(), "build_seconds": _state.get("seconds"),
-            "flags": [*FLAGS, *extra_flags()]}
+            "flags": [*FLAGS, *extra_flags()], "compiled_for": compiled_for()}
+
+
+def compiled_for() -> list[str]:
+    """The instruction sets the module was compiled for (as gcc's __builtin_cpu_supports names them); loading
+    it refuses, naming the missing ones, on a CPU without all of them (x86 only: [] elsewhere)."""
+    return [f for f in load().compiled_for().split(",") if f]
 
 
 def simd() -> str:

@@ -335,3 +335,48 @@ def test_frozen_runner_refuses_bias_projections():
     model.model.layers[0].self_attn.q_proj.bias = torch.nn.Parameter(torch.zeros(32))
     with pytest.raises(TypeError, match="bias-free"):
         FrozenRunner(model)
+
+
+def tiny_family(name, **kw):
+    """A tiny random model of a transformers family with Llama's module names (2 heads of 8, 1 kv head)."""
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, pad_token_id=0, bos_token_id=0, eos_token_id=1, **kw)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{name}ForCausalLM")(config).eval()
+
+
+@pytest.mark.parametrize("name,kw,why", [
+    ("Granite", {}, r"attention scores scaled by 1, not 1/sqrt\(8\)"),  # Granite's attention_multiplier
+    ("Granite", dict(attention_multiplier=8 ** -0.5, embedding_multiplier=12.0), "embedding_multiplier = 12.0"),
+    ("Granite", dict(attention_multiplier=8 ** -0.5, residual_multiplier=0.22), "residual_multiplier = 0.22"),
+    ("Granite", dict(attention_multiplier=8 ** -0.5, logits_scaling=8.0), "logits_scaling = 8.0"),
+    ("StableLm", {}, r"partial RoPE \(partial_rotary_factor = 0.25\)"),
+    ("StableLm", dict(partial_rotary_factor=1.0), r"the final norm \(LayerNorm\) has a bias"),
+    ("Cohere", {}, r"layer 0 has no post-attention norm \(a parallel residual\)"),
+    ("Olmo", {}, r"the final norm \(OlmoLayerNorm\) has no weight of size 16"),
+    ("Qwen3", {}, "layer 0 has modules the runner does not compute: k_norm, q_norm"),
+])
+def test_llama_lookalikes_the_runner_cannot_compute_exactly_are_refused_with_the_reason(name, kw, why):
+    from specrepro.engines.lean import is_llama_like, llama_like_reason
+
+    model = tiny_family(name, **kw)
+    assert not is_llama_like(model)
+    assert llama_like_reason(model) is not None and __import__("re").search(why, llama_like_reason(model))
+    with pytest.raises(TypeError, match=why):
+        LeanRunner(model)
+
+
+@pytest.mark.parametrize("name,kw", [("Llama", {}), ("Qwen2", {}), ("Granite", dict(attention_multiplier=8 ** -0.5))])
+def test_what_the_check_accepts_the_runner_computes_as_hf_does(name, kw):
+    """A Granite whose multipliers are all 1 (attention 1/sqrt(head size)) is a Llama, and is accepted: its logits
+    match HF's, as the refused variants' would not."""
+    model = tiny_family(name, **kw)
+    ids = torch.randint(0, 32, (12,), generator=torch.Generator().manual_seed(1))
+    want = model(ids.view(1, -1)).logits[0]
+    torch.testing.assert_close(LeanRunner(model).forward(ids), want, rtol=1e-4, atol=1e-4)
+    if name == "Granite":  # the same weights with Granite's default attention multiplier (1): other logits
+        other = tiny_family(name)
+        assert not torch.allclose(other(ids.view(1, -1)).logits[0], want, atol=1e-3)

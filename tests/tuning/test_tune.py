@@ -294,3 +294,30 @@ def test_the_timing_prefix_holds_ids_a_smaller_padded_draft_can_read(monkeypatch
     tune_mod.measure_candidates(llama(0), None, [tune_mod.Candidate("float32", "eager", 1)], max_lookahead=1, reps=1,
                                 keep=1)
     assert draws[0] == llama(0).config.vocab_size  # no draft: the target's whole vocabulary
+
+
+def test_a_native_build_for_an_instruction_set_the_cpu_lacks_is_skipped_by_tune_not_a_crash(tmp_path):
+    """A real build with a flag this CPU lacks (AVX-VNNI on CPUs without it): the module refuses at load with the
+    feature named, and tune measures and picks another setting (before the load-time check this died by SIGILL
+    where the compiler used the instructions)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from specrepro.engines import native
+
+    flags = native._cpu_flags().split()
+    if shutil.which("g++") is None or "avx2" not in flags or "avx_vnni" in flags:
+        pytest.skip("needs g++ and an x86 CPU with AVX2 and without AVX-VNNI")
+    code = ("import specrepro as sr\nfrom specrepro.stats.toy import tiny_llama\n"
+            "s = sr.tune(tiny_llama(0, vocab=16, layers=2), max_lookahead=3, threads=[1], reps=1, dtypes=['bfloat16'],"
+            " backends=['eager', 'native'], cache=False)\n"
+            "print(s.candidate.backend)\nprint(s.report['skipped']['bfloat16/native/1t'])\n")
+    env = {**os.environ, "SPECREPRO_NATIVE_CFLAGS": "-mavxvnni", "SPECREPRO_HOME": str(tmp_path)}
+    env.pop("SPECREPRO_NATIVE_ASSUME_CPU", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    backend, why = run.stdout.strip().splitlines()[-2:]
+    assert backend == "eager"
+    assert why.startswith("the native CPU pass cannot run on this CPU: this CPU lacks avxvnni,") and "-mavxvnni" in why
