@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..drafts import ModelDraft
+from ..engines import native
 from ..engines.lean import LeanRunner, set_threads
 from ..engines.runners import HFRunner
 from ..files import write_json
@@ -64,6 +65,7 @@ def main(argv=None) -> list[dict]:
     meta = {"what": f"medians of {args.reps} draft steps (one propose of one token after the first held-out news "
                     f"prompt, {len(prefix)} tokens) and of {args.reps} one-token native bfloat16 target passes, "
                     "every pair interleaved in one process; drafts in bfloat16"}
+    meta["native"] = native.describe()  # which kernels were built, with which flags ($SPECREPRO_NATIVE_CFLAGS)
     write_json(Path(args.out), {"meta": record.meta(threads=threads, **meta), "rows": rows})
     return rows
 
