@@ -9,7 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import specrepro as sr
 from specrepro.algorithm.tree import Tree
 from specrepro.drafts import Datastore, DatastoreDraft, FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
-from specrepro.engines.runners import HFRunner
+from specrepro.drafts import as_draft
+from specrepro.engines.runners import HFRunner, as_runner
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.stats.toy import tiny_llama
 
@@ -49,7 +50,24 @@ def run_chunks(runner, ids, chunks=CHUNKS):
 
 L = 3  # tokens of the joint distribution
 PROMPT = torch.tensor([0, 3])
-N_CHAIN = 3000  # samples per chain configuration
+# samples per chain configuration: its power is stated and checked in tests/algorithm/test_lossless.py
+N_CHAIN = 1000
+
+
+def stop_at_outcome(new_tokens):
+    """stop_when for the harnesses: the outcome is the first L tokens, so a generation ends once it has
+    them (a stop never changes the tokens before it: specrepro.algorithm.speculative.StopRule). Later
+    loops could not change the outcome; max_new_tokens still lets the first loop draft its full lookahead."""
+    return len(new_tokens) >= L
+
+
+def chisquare_power(n, w2, cells, alpha):
+    """Power of chisquare_fit's test at level `alpha` with `cells` cells (df = cells - 1) against a
+    sampler whose outcome distribution pi is at effect size w2 = sum (pi - e)^2 / e from the exact e:
+    P(noncentral chi-square(df, n * w2) > the central one's 1 - alpha quantile)."""
+    from scipy.stats import chi2, ncx2
+
+    return float(ncx2.sf(chi2.ppf(1 - alpha, cells - 1), cells - 1, n * w2))
 
 
 # a tiny in-memory datastore over the 5-token vocabulary: several continuations of most suffixes, so that
@@ -79,27 +97,31 @@ def draw_chain(target, draft, k, sampling, eos, seed, n=N_CHAIN, rules=None):
     """n chain SpS generations after PROMPT, truncated to L tokens; and how many loops took the bonus token.
     rules: a deliberately wrong sampler's rules (specrepro.experiments.wrong), or None."""
     g = torch.Generator().manual_seed(seed)
+    # wrapped once (a runner and a proposer are reset by every call), not once per sample
+    target, draft = as_runner(target), as_draft(draft)
     outcomes, bonus_loops = [], 0
     for _ in range(n):
         gen = sr.speculative_generate(
             target, draft, PROMPT, max_new_tokens=max(L, k + 1), lookahead=k,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            eos_token_id=eos, generator=g, _rules=rules,
+            eos_token_id=eos, generator=g, stop_when=stop_at_outcome, _rules=rules,
         )
         outcomes.append(truncate_outcome(gen.tokens, L, eos))
         bonus_loops += sum(a == p > 0 for a, p in zip(gen.accepted, gen.proposed))
     return outcomes, bonus_loops
 
 
-def fit_chain(target, draft, k, sampling, eos, seed, rules=None):
+def fit_chain(target, draft, k, sampling, eos, seed, rules=None, model=None):
+    """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
     outcomes, bonus_loops = draw_chain(target, draft, k, sampling, eos, seed, rules=rules)
-    expected = exact_joint(target, PROMPT, L, sampling, eos)
+    expected = exact_joint(model or target, PROMPT, L, sampling, eos)
     return chisquare_fit(outcomes, expected), outcomes, bonus_loops
 
 
 # --- the tree losslessness harness and a fixed tree (tests/algorithm/test_tree.py) -------------------------
 
-N_TREE = 2000  # samples per tree configuration
+# samples per tree configuration: its power is stated and checked in tests/algorithm/test_tree.py
+N_TREE = 1200
 
 
 def draw_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, rules=None):
@@ -107,11 +129,13 @@ def draw_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, rules=None):
     nothing (the final residual), and generations that accepted any node. rules: a deliberately wrong
     rule's (specrepro.experiments.wrong), or None."""
     g = torch.Generator().manual_seed(seed)
+    target, draft = as_runner(target), as_draft(draft)
     outcomes, stats = [], {"full_path": 0, "rejected_all": 0, "accepted_any": 0}
     for _ in range(n):
         gen = sr.speculative_generate(
             target, draft, PROMPT, max_new_tokens=max(L, spec.depth + 1), temperature=sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec, _rules=rules,
+            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec,
+            stop_when=stop_at_outcome, _rules=rules,
         )
         outcomes.append(truncate_outcome(gen.tokens, L, eos))
         stats["full_path"] += gen.accepted[0] == spec.depth
