@@ -34,12 +34,18 @@ setup: $(STAMP)
 notebooks: setup
 	$(VENV)/bin/specrepro-reproduce --sync
 
-# unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults
+# pytest-xdist workers (auto: one per core; the tests run torch on one thread each, tests/conftest.py): what
+# must share one process (a module's shared fixture, a notebook's cells) is kept together (tests/conftest.py)
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
+
+# unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults; the output
+# ends with the 25 slowest tests
 test: notebooks
-	$(PY) -m pytest -q -p no:cacheprovider tests runs/notebooks/ --nbval-lax --nbval-current-env
+	$(PYTEST) tests runs/notebooks/ --nbval-lax --nbval-current-env
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not notebooks" tests
+	$(PYTEST) -m "not slow and not notebooks" tests
 
 # RETRAIN=1 make reproduce: retrain the shipped drafts from scratch first (make drafts), then reproduce with them
 reproduce: setup
