@@ -34,10 +34,12 @@ setup: $(STAMP)
 notebooks: setup
 	$(VENV)/bin/specrepro-reproduce --sync
 
-# pytest-xdist workers (auto: one per core; the tests run torch on one thread each, tests/conftest.py): what
-# must share one process (a module's shared fixture, a notebook's cells) is kept together (tests/conftest.py)
+# pytest-xdist workers (auto: one per core; the tests run torch on one thread each, tests/conftest.py). Each
+# file runs whole in one worker (--dist loadfile): a module's shared fixtures are built once, a notebook's
+# cells run in order in one kernel. (loadgroup's xdist_group marks have no effect with pytest 9.2: xdist 3.8
+# renames the node id through an attribute pytest no longer reads.)
 TEST_WORKERS ?= auto
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults; the output
 # ends with the 25 slowest tests

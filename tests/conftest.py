@@ -32,20 +32,3 @@ def truncated_draft(smollm):
     draft.load_state_dict(target.state_dict(), strict=False)
     return draft
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), keep together what must run in one
-    process: the tests of a module that share a module- or class-scoped fixture (it is built once, not once
-    per worker) and the cells of one notebook under nbval (one kernel runs them in order). Runs before
-    xdist's own hook, which turns the marks into group names; without xdist the marks do nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        if type(item).__module__.startswith("nbval"):  # a notebook cell: its notebook is the group
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
