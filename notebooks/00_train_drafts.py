@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 00 · Train the drafts
 # The paper's draft is a smaller model of the target's family; none exists offline for SmolLM2, so the
-# reproduction trains its own (`specrepro.drafts.train`): distilled from the target's soft labels on the
+# reproduction trains its own (`specrepro.training.train`): distilled from the target's soft labels on the
 # training splits only (news articles held out from the evaluation, CPython's standard library), with a
 # time budget per draft. Artifacts are cached under `$SPECREPRO_HOME/drafts`, keyed by their settings, so a
 # rerun reuses them; an interrupted training resumes from its last checkpoint. The later notebooks load
@@ -36,6 +36,7 @@ from IPython.display import Markdown
 import specrepro as sr
 from specrepro.experiments.records import repo_root, run_header, write_outputs
 from specrepro.experiments.results import markdown_table
+from specrepro.training import train
 
 os.chdir(repo_root())
 meta = run_header(profile, seed, threads, notebook="00_train_drafts", target=target, kinds=kinds,
@@ -44,8 +45,8 @@ q_model, tokenizer = sr.load_model(target) if kinds else (None, None)
 rows = []
 for spec in kinds:
     kind, _, minutes = spec.partition(":")
-    path = sr.drafts.train(kind, target=q_model, tokenizer=tokenizer, budget_minutes=float(minutes or budget_minutes),
-                           max_steps=max_steps, seed=seed)
+    path = train(kind, target=q_model, tokenizer=tokenizer, budget_minutes=float(minutes or budget_minutes),
+                 max_steps=max_steps, seed=seed)
     done = json.loads((path / "complete.json").read_text())
     rows.append({"kind": kind, "artifact": path.name, **{k: v for k, v in done.items() if not isinstance(v, (list, dict))}})
 if rows:

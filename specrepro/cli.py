@@ -16,11 +16,11 @@ TOOLS = {
     "plots": "specrepro.experiments.plots",
 }
 DRAFT_TOOLS = {
-    "train": "specrepro.drafts.train",
-    "longrun": "specrepro.drafts.longrun",
+    "train": "specrepro.training.train",
+    "longrun": "specrepro.training.longrun",
     "measure": "specrepro.experiments.measure_drafts",
-    "taucard": "specrepro.drafts.taucard",
-    "datastore": "specrepro.drafts.datastore_build",
+    "taucard": "specrepro.training.taucard",
+    "datastore": "specrepro.training.datastore_build",
 }
 
 

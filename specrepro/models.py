@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from .files import atomic_path, specrepro_home  # noqa: F401 (sr.specrepro_home)
 from .packaged import packaged_file
 
 OFFLINE_TARGET = "smollm2-135m-instruct"
@@ -27,12 +28,6 @@ _MARKER = "specrepro-complete.json"
 class ModelLoadError(RuntimeError):
     """A model or tokenizer could not be loaded; the message says why and what to do."""
 
-
-def specrepro_home() -> Path:
-    """Where converted models, trained drafts and other artifacts are cached: $SPECREPRO_HOME, or
-    ~/.cache/specrepro where it is unset or empty (an empty one would otherwise mean the working directory,
-    and a checkout would fill with a converted model)."""
-    return Path(os.environ.get("SPECREPRO_HOME") or Path.home() / ".cache" / "specrepro").expanduser()
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -217,9 +212,8 @@ def offline_target_dir(rebuild: bool = False) -> Path:
         # leftovers of conversions killed midway (any pid: we hold the lock, so none is running)
         for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-        _convert_gguf(find_offline_gguf(), tmp)
-        os.replace(tmp, dest)
+        with atomic_path(dest) as tmp:
+            _convert_gguf(find_offline_gguf(), tmp)
     return dest
 
 

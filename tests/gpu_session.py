@@ -349,7 +349,7 @@ def stage_costs(args, device):
         vocab = target.config.vocab_size
         head_vocab = min(16384, vocab)
         runner = StaticRunner(target, dtype=dtype, capacity=256)
-        def in_dtype(draft):  # as specrepro.drafts.trainer.load casts a trained net: the target's dtype
+        def in_dtype(draft):  # as specrepro.drafts.artifacts.load casts a trained net: the target's dtype
             draft.net.to(dtype)
             draft.net.attach(target, dtype)
             return draft

@@ -2,6 +2,8 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 import specrepro as sr
 
 PKG = Path(sr.__file__).parent
@@ -148,6 +150,7 @@ LAYERS = [
     ("algorithm", ("specrepro.algorithm",)),
     ("drafts", ("specrepro.drafts",)),
     ("generate", ("specrepro.generate",)),
+    ("training", ("specrepro.training",)),
     ("stats", ("specrepro.stats",)),
     ("tuning", ("specrepro.tuning",)),
     ("experiments", ("specrepro.experiments",)),
@@ -203,3 +206,57 @@ def test_the_algorithm_room_holds_the_paper():
         assert callable(getattr(speculative, name))
     for name in ("accept", "verify", "generate"):
         assert callable(getattr(tree, name))
+
+
+def test_loading_a_draft_imports_no_training_module(tmp_path):
+    """specrepro.drafts loads what specrepro.training makes; building every kind from the table, and loading a
+    trained artifact through `load`, must not pull the trainers in (their data pipelines, corpora, CLIs)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import specrepro as sr
+from specrepro.drafts.kinds import TABLE
+from specrepro.files import write_json
+torch.manual_seed(0)
+target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+target.config.name_or_path = "tiny"
+for name in ("lookup", "truncated"):
+    sr.drafts.load(name, target=target)
+row = TABLE["heads"]
+cfg = {"kind": "heads", "target": "tiny", "seed": 0} | row.defaults | {"heads": 2}
+net = row.build_net(target, cfg, None)
+from safetensors.torch import save_file
+import pathlib
+out = pathlib.Path(sys.argv[1]) / "heads-x"
+out.mkdir()
+save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "net.safetensors"))
+write_json(out / "config.json", cfg)
+write_json(out / "complete.json", {})
+draft = sr.drafts.load("heads", target=target, root=sys.argv[1])
+assert type(draft).__name__ == "HeadsDraft", draft
+loaded = sorted(m for m in sys.modules if m.startswith("specrepro.training"))
+print("TRAINING", loaded)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "TRAINING []" in out.stdout, out.stdout
+
+
+def test_every_kind_has_one_row_that_builds_it():
+    from specrepro.drafts import kinds
+
+    assert set(kinds.KINDS) | set(kinds.FREE_KINDS) == set(kinds.TABLE)
+    for name, row in kinds.TABLE.items():
+        assert row.name == name
+        if row.trained:
+            assert row.build_net and row.wrap and row.defaults, name
+        else:
+            assert row.make, name
+    assert {k for k, row in kinds.TABLE.items() if row.cuttable_head} == {"feature", "heads"}
+    with pytest.raises(ValueError, match="unknown draft kind 'nope'"):
+        kinds.check_kind("nope")

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from .report import config_name, format_table, headline, summarise, write_results
-from ..files import portable_args
 from ..tuning.costs import measure_cost_table
 from ..drafts.base import ModelDraft
 from ..drafts.lookup import LookupDraft
@@ -418,16 +416,15 @@ def main(argv=None) -> dict:
     if setup.tuned is not None:
         print(f"tuned: {setup.tuned.report['name']}, K = {setup.tuned.lookahead} ({setup.tuned.report['why']})")
         ks = sorted(set(ks) | {setup.tuned.lookahead})
-    from ..experiments.results import provenance
+    from ..experiments.results import RunRecord, end_of_run
 
-    made_by, load_start = provenance(), os.getloadavg()  # before any output is written (the dirty flag)
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     result = bench(
         target, draft, prompts, ks, args.max_new_tokens, args.reps, tuple(args.modes.split(",")), runners,
         hf=not args.no_hf, dtype=dtype, seed=args.seed, progress=True, adaptive=args.adaptive is not None,
         setup=setup, trees=trees,
     )
-    meta = dict(portable_args(vars(args)), threads=threads, torch=torch.__version__, prompt_tokens=[int(p.shape[0]) for p in prompts],
-                provenance=made_by, load_average_start=load_start, load_average_end=os.getloadavg())
+    meta = record.meta(threads=threads, prompt_tokens=[int(p.shape[0]) for p in prompts])
     from ..engines import native
 
     if native.describe() is not None:  # a native runner ran: its kernels and build time
@@ -453,7 +450,7 @@ def main(argv=None) -> dict:
     print("headline:", json.dumps(result["headline"], indent=1))
     if "profile" in result:
         print("profile:", json.dumps(result["profile"], indent=1))
-    paths = write_results(result, args.out, meta)
+    paths = write_results(result, args.out, end_of_run(meta))
     print("wrote", *paths)
     return result
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..files import atomic_path
+
 PEERS = ("q4_1", "f16", "bf16", "f32")
 # llama.h's llama_ftype values for the conversions (LLAMA_FTYPE_ALL_F32, _MOSTLY_F16, _MOSTLY_BF16)
 _FTYPES = {"f32": 0, "f16": 1, "bf16": 32}
@@ -63,16 +65,14 @@ def convert(src: str | os.PathLike, kind: str, out_dir: str | os.PathLike | None
     dst = out_dir / f"{src.stem}.{kind.upper()}.gguf"
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = _FTYPES[kind]
     params.allow_requantize = True
     params.nthread = threads
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama.cpp could not convert {src} to {kind} (llama_model_quantize returned {rc})")
-    os.replace(tmp, dst)
+    with atomic_path(dst) as tmp:
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp could not convert {src} to {kind} (llama_model_quantize returned {rc})")
     return dst
 
 

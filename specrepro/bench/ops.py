@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -166,11 +165,10 @@ def main(argv=None) -> dict:
             continue
         runners[spec] = LeanRunner(model, dtype=getattr(torch, dtype), backend="eager" if kind == "lean" else kind,
                                    capacity=args.context + 8)
-    from ..experiments.results import provenance
+    from ..experiments.results import RunRecord
 
-    result = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "context": args.context, "torch": torch.__version__,
-              "args": vars(args), "provenance": provenance(), "load_average_start": os.getloadavg(),
-              "by_threads": {}}
+    record = RunRecord(args)
+    result = {"cpu": describe_cpu(), "cpu_info": cpu_info(), "context": args.context, "by_threads": {}}
     for n in threads:
         torch.set_num_threads(n)
         entry = {}
@@ -222,7 +220,7 @@ def main(argv=None) -> dict:
                 for k, row in rl["rows"].items():
                     print(f"{'':14s}{k:5d} {row['floor_ms']:9.2f} {row['roof_ms']:8.2f} {row['measured_ms']:8.2f} "
                           f"{row['measured_over_bound']:10.2f}", flush=True)
-    result["load_average_end"] = os.getloadavg()
+    result.update(record.meta())  # the run record at the top: this file has no "meta"
     write_json(f"{args.out}.json", result)
     return result
 

@@ -4,11 +4,13 @@ CSV/JSON written beside them.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import statistics
 from pathlib import Path
 
+from ..files import atomic_write_text
 from ..stats.intervals import ratio_ci
 from ..stats.speedup import acceptance_mle, loop_cost_bound, predicted_speedup
 
@@ -185,15 +187,11 @@ def format_table(summary: list[dict]) -> str:
 def write_results(result: dict, out: str | os.PathLike, meta: dict | None = None) -> tuple[Path, Path]:
     """<out>.csv (the summary) and <out>.json (summary, costs, every run, meta), each written atomically."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")
-    tmp = csv_path.with_name(f".{csv_path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(result["summary"])
-    os.replace(tmp, csv_path)
-    tmp = json_path.with_name(f".{json_path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"meta": meta or {}, **result}, indent=1, default=str))
-    os.replace(tmp, json_path)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\r\n")
+    writer.writeheader()
+    writer.writerows(result["summary"])
+    atomic_write_text(csv_path, buf.getvalue())
+    atomic_write_text(json_path, json.dumps({"meta": meta or {}, **result}, indent=1, default=str))
     return csv_path, json_path

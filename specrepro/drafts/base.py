@@ -35,6 +35,11 @@ class Draft:
         """Forget any state from a previous generation."""
         self.calls = 0
 
+    def offer_pass_costs(self, costs) -> None:
+        """The target's measured v(n) (a pass over n + 1 tokens / a one-token pass, n = 1..N), offered by
+        sr.tune's Setting (`setting.apply(draft)`): drafts with a stop rule that weighs a proposed token against
+        what verifying it costs take it (the datastore draft); others ignore it."""
+
     def propose(
         self,
         seq: torch.Tensor,

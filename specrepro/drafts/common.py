@@ -1,45 +1,12 @@
-"""Pieces the trained drafts share: the distillation loss and reduced output vocabularies."""
+"""Pieces the trained drafts share: the target's frozen embedding and head, one base for the drafts that read
+the target's hidden states, and reduced (kept) output vocabularies."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-
-def soft_ce(logp: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor, rest: torch.Tensor,
-            mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Cross-entropy H(q, p) against the target's cached top-k q plus its residual mass.
-
-    Equals KL(q || p) up to q's entropy (a constant), with the mass q puts outside its top-k matched
-    to the mass p puts outside those same tokens. logp: [N, V] draft log-probs; top_*: [N, k]; rest: [N].
-    """
-    lp_top = logp.gather(-1, top_ids.long())
-    p_rest = (1 - lp_top.exp().sum(-1)).clamp_min(1e-6)
-    loss = -(top_p.float() * lp_top).sum(-1) - rest.float() * p_rest.log()
-    if mask is not None:
-        return (loss * mask).sum() / mask.sum().clamp_min(1)
-    return loss.mean()
-
-
-def hard_ce(logp: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    loss = F.nll_loss(logp, labels, reduction="none")
-    if mask is not None:
-        return (loss * mask).sum() / mask.sum().clamp_min(1)
-    return loss.mean()
-
-
-def frequent_tokens(data: dict, n: int, special: list[int]) -> torch.Tensor:
-    """The n token ids the target emits or predicts most often in the training data (sorted ids).
-
-    A draft whose head covers only these is still lossless: its p is zero elsewhere, and it proposes
-    only tokens it gives mass to. Special tokens (EOS, chat markers) are always kept.
-    """
-    counts = torch.bincount(data["tokens"], minlength=1).float()
-    vocab = max(int(data["top_ids"].max()) + 1, len(counts))
-    full = torch.zeros(vocab)
-    full[: len(counts)] += counts
-    full.index_add_(0, data["top_ids"][:, 0].long(), torch.ones(len(data["top_ids"])))
-    full[torch.tensor(special, dtype=torch.long)] = float("inf")
-    return full.topk(min(n, vocab)).indices.sort().values
+from .base import Draft
+from ..engines.kernels import inference_linear
+from ..engines.runners import context_window, vocab_size
 
 
 def frequency_subset(keep: torch.Tensor | None, counts: torch.Tensor, n: int, vocab: int,
@@ -60,21 +27,6 @@ def frequency_subset(keep: torch.Tensor | None, counts: torch.Tensor, n: int, vo
         score[torch.isin(kept, torch.tensor(special))] = float("inf")
     order = torch.argsort(-score, stable=True)  # kept is sorted by id, so ties go to the lower id
     return kept[order[:n]].sort().values
-
-
-def remap(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Positions of `ids` inside the kept vocabulary (-1 where a token is not kept)."""
-    index = torch.full((vocab,), -1, dtype=torch.long, device=keep.device)
-    index[keep] = torch.arange(len(keep), device=keep.device)
-    return index[ids.long()]
-
-
-def reduced_soft_targets(top_ids, top_p, rest, keep: torch.Tensor, vocab: int):
-    """Cached top-k labels moved into the kept vocabulary; mass on dropped tokens joins the residual."""
-    local = remap(top_ids, keep, vocab)
-    dropped = local < 0
-    rest = rest + (top_p.float() * dropped).sum(-1)
-    return local.clamp_min(0), top_p.float().masked_fill(dropped, 0), rest
 
 
 def expand_logits(sub: torch.Tensor, keep: torch.Tensor | None, vocab: int) -> torch.Tensor:
@@ -108,3 +60,59 @@ def full_rows(p: torch.Tensor, keep: torch.Tensor | None, vocab: int) -> torch.T
     rows = zero_rows(p.shape[0], vocab, p.device)
     rows[:, keep] = p
     return rows
+
+
+class FrozenTargetParts:
+    """The target's embedding table and (optionally vocabulary-cut) LM head, not trained, not saved.
+
+    A net that mixes this in registers a `keep` buffer (sorted kept token ids; empty: the whole vocabulary)."""
+
+    def attach(self, target, dtype: torch.dtype | None = None) -> None:
+        """Borrow the target's tables (views; a cast copy where `dtype` differs from the target's)."""
+        self.vocab = vocab_size(target)
+        self.emb = target.get_input_embeddings().weight.detach()
+        head = target.get_output_embeddings().weight.detach()
+        self.head = head if self.keep.numel() == 0 else head[self.keep].contiguous()
+        if dtype is not None:
+            self.emb, self.head = self.emb.to(dtype), self.head.to(dtype)
+
+    def restrict(self, n: int, counts: torch.Tensor, special=()) -> None:
+        """Cut the head to the n currently kept tokens `counts` ranks highest (frequency_subset; FR-Spec's
+        frequency-ranked head, applied to a trained draft without retraining it). The head is the target's
+        frozen one, so the kept rows are unchanged; p renormalises over fewer tokens and stays a proper
+        distribution over the full vocabulary (zero elsewhere), so verification stays exact."""
+        old = self.keep_ids
+        new = frequency_subset(old, counts, n, self.vocab, special)
+        rows = new if old is None else torch.searchsorted(old.cpu(), new)
+        self.head = self.head[rows.to(self.head.device)].contiguous()
+        self.keep = new.to(self.keep.device)
+
+    @property
+    def keep_ids(self):
+        return None if self.keep.numel() == 0 else self.keep
+
+    def logits(self, f: torch.Tensor) -> torch.Tensor:
+        """Logits over the kept vocabulary (apply expand_logits for the full one). The head is most of a
+        draft step: when drafting it runs prepacked (specrepro.engines.kernels.inference_linear)."""
+        return inference_linear(self, f, self.head)
+
+
+class HiddenStateDraft(Draft):
+    """A draft whose net (with FrozenTargetParts) reads the target's hidden states, which the verification
+    pass computes anyway. It runs where the borrowed tables live, the target's embedding device, so a step
+    copies nothing between devices."""
+
+    wants_target_hidden = True
+
+    def __init__(self, net, target):
+        super().__init__()
+        self.net = net.eval()
+        self.vocab_size = vocab_size(target)
+        self.context_window = context_window(target)
+        self.hidden_size = target.config.hidden_size
+        self.device = self.net.emb.device
+        self.net.to(self.device)
+
+    def compute_dtype(self) -> torch.dtype:
+        """What the net computes in (the target's, or load()'s dtype)."""
+        return next(self.net.parameters()).dtype

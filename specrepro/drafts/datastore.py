@@ -3,7 +3,7 @@
 The idea of REST, SuffixDecoding and SAM-decoding: keep an index of token sequences, find the longest
 suffix of the context that occurs in them, and propose what most often followed it. Here the sequences are
 the target's own greedy continuations of training prompts (news train articles, CPython stdlib functions;
-specrepro.drafts.datastore_build writes them, artifacts/drafts/datastore/ ships them) plus the live
+specrepro.training.datastore_build writes them, artifacts/drafts/datastore/ ships them) plus the live
 context itself, where prompt lookup's matches are.
 
 Where the proposals come from: the context's longest earlier match of its last n tokens (n from max_ngram
@@ -273,12 +273,16 @@ class DatastoreDraft(Draft):
     tokens / a one-token pass, n = 1..N (a sequence or {n: v}; sr.tune's setting.report["costs"][name]["v"]),
     for the stop rule of the module docstring; a proposal needing v past N is an error. pseudo_count: the
     rule's alpha in count / (total + alpha). Both may be set on a loaded draft (draft.pass_costs = v).
+    min_accept: propose nothing unless the first token's estimated acceptance (the root's top count /
+    (total + pseudo_count)) is at least this (default 0: any match). Decided from the context's counts before
+    any draw, so an empty proposal is a function of the context alone and verification stays exact; in a
+    HybridDraft it hands weak matches to the fallback draft ("datastore+<spec>").
     """
 
     def __init__(self, store: Datastore, vocab_size: int, max_ngram: int = 8, min_ngram: int = 1,
                  context_max_ngram: int = 8, context_min_ngram: int = 2, sharpen: float = 1.0,
                  max_rows: int = 4096, context_window: int | None = None, pass_costs=None,
-                 pseudo_count: float = PSEUDO_COUNT):
+                 pseudo_count: float = PSEUDO_COUNT, min_accept: float = 0.0):
         super().__init__()
         if not isinstance(store, Datastore):
             raise TypeError(f"store must be a specrepro.drafts.datastore.Datastore, got {type(store).__name__}")
@@ -296,7 +300,9 @@ class DatastoreDraft(Draft):
         self.max_ngram, self.min_ngram = min(max_ngram, store.max_ngram), min_ngram
         self.context_max_ngram, self.context_min_ngram = context_max_ngram, context_min_ngram
         self.sharpen, self.max_rows = float(sharpen), max_rows
-        self.pass_costs, self.pseudo_count = pass_costs, pseudo_count
+        if isinstance(min_accept, bool) or not isinstance(min_accept, (int, float)) or not 0 <= min_accept <= 1:
+            raise ValueError(f"min_accept must be a number in [0, 1] (an estimated acceptance), got {min_accept!r}")
+        self.pass_costs, self.pseudo_count, self.min_accept = pass_costs, pseudo_count, float(min_accept)
         self.sources = {"context": 0, "datastore": 0, "none": 0}  # where each proposal came from
 
     @property
@@ -306,6 +312,12 @@ class DatastoreDraft(Draft):
     @pass_costs.setter
     def pass_costs(self, costs) -> None:
         self._pass_costs = check_pass_costs(costs)
+
+    def offer_pass_costs(self, costs, up_to: int = 64) -> None:
+        """Take a tuned setting's v(n) for the stop rule unless this draft was given its own; sizes past the
+        measured ones (token trees of up to `up_to` nodes) get v extended linearly (extend_pass_costs)."""
+        if self._pass_costs is None and costs:
+            self.pass_costs = extend_pass_costs(costs, up_to)
 
     @property
     def pseudo_count(self) -> float:
@@ -388,6 +400,8 @@ class DatastoreDraft(Draft):
                 support, p = self.node_p(column)
                 plan.append((node, column, found[1], support, p, min(m, len(support))))
                 planned += plan[-1][-1]
+            if level == 0 and plan and self.estimate(plan[0][2], 0) < self.min_accept:
+                break  # a weak match: nothing (the root's counts only, before any draw)
             if self._pass_costs is not None and plan and not self.worth_adding(tree, accept, plan):
                 break
             new = []

@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Draft, common_prefix_length
-from .common import draw_kept, expand_logits, full_rows, reduced_soft_targets, soft_ce
+from .base import common_prefix_length
+from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows
 from .layers import DecoderLayer, KVCache, RMSNorm
 from ..engines.kernels import inference_linear
-from ..engines.runners import context_window, vocab_size
 
 DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
             "batch": 4, "window": 128}
@@ -25,41 +24,6 @@ DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "
 def _rope_theta(config) -> float:
     rope = getattr(config, "rope_parameters", None) or {}
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-class FrozenTargetParts:
-    """The target's embedding table and (optionally vocabulary-cut) LM head, not trained, not saved."""
-
-    def attach(self, target, dtype: torch.dtype | None = None) -> None:
-        """Borrow the target's tables (views; a cast copy where `dtype` differs from the target's)."""
-        self.vocab = vocab_size(target)
-        self.emb = target.get_input_embeddings().weight.detach()
-        head = target.get_output_embeddings().weight.detach()
-        self.head = head if self.keep.numel() == 0 else head[self.keep].contiguous()
-        if dtype is not None:
-            self.emb, self.head = self.emb.to(dtype), self.head.to(dtype)
-
-    def restrict(self, n: int, counts: torch.Tensor, special=()) -> None:
-        """Cut the head to the n currently kept tokens `counts` ranks highest (common.frequency_subset; FR-Spec's
-        frequency-ranked head, applied to a trained draft without retraining it). The head is the target's
-        frozen one, so the kept rows are unchanged; p renormalises over fewer tokens and stays a proper
-        distribution over the full vocabulary (zero elsewhere), so verification stays exact."""
-        from .common import frequency_subset
-
-        old = self.keep_ids
-        new = frequency_subset(old, counts, n, self.vocab, special)
-        rows = new if old is None else torch.searchsorted(old.cpu(), new)
-        self.head = self.head[rows.to(self.head.device)].contiguous()
-        self.keep = new.to(self.keep.device)
-
-    @property
-    def keep_ids(self):
-        return None if self.keep.numel() == 0 else self.keep
-
-    def logits(self, f: torch.Tensor) -> torch.Tensor:
-        """Logits over the kept vocabulary (apply expand_logits for the full one). The head is most of a
-        draft step: when drafting it runs prepacked (specrepro.engines.kernels.inference_linear)."""
-        return inference_linear(self, f, self.head)
 
 
 class FeatureNet(nn.Module, FrozenTargetParts):
@@ -85,38 +49,11 @@ class FeatureNet(nn.Module, FrozenTargetParts):
         return self.norm(self.layer(x, pos, cache, mask))
 
 
-def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
-    """Match h_{t+1} (smooth L1) and the target's distribution of token t+2 (soft CE), from noisy h_t."""
-    h = batch["hidden"].float()
-    inp = h[:, :-1]
-    # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
-    inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.std()
-    t = inp.shape[1]
-    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t, device=inp.device))
-    reg = F.smooth_l1_loss(f, h[:, 1:])
-    logp = net.logits(f).float().log_softmax(-1).flatten(0, 1)
-    ids, p, rest = batch["top_ids"][:, 1:], batch["top_p"][:, 1:], batch["rest"][:, 1:]
-    if net.keep_ids is not None:
-        ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
-    soft = soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), batch["mask"][:, 1:].flatten().float())
-    return soft + cfg["reg_weight"] * reg
-
-
-class FeatureDraft(Draft):
+class FeatureDraft(HiddenStateDraft):
     """Proposes with a FeatureNet; its KV cache holds the positions fed with real target features."""
 
-    wants_target_hidden = True
-
     def __init__(self, net: FeatureNet, target):
-        super().__init__()
-        self.net = net.eval()
-        self.vocab_size = vocab_size(target)
-        self.context_window = context_window(target)
-        self.hidden_size = target.config.hidden_size
-        # the draft runs where the target's embedding lives (the borrowed tables are there): no per-step
-        # copies between devices
-        self.device = self.net.emb.device
-        self.net.to(self.device)
+        super().__init__(net, target)
         self.reset()
 
     @classmethod
@@ -189,7 +126,7 @@ class FeatureDraft(Draft):
         # cached position t used h_t and token t+1: valid while seq[:t+2] is unchanged
         valid = max(min(common_prefix_length(self.tokens, seq) - 1, real - 1), 0)
         self.cache.truncate(valid)
-        dtype = self.net.fc.weight.dtype  # the net computes in its own dtype (the target's, from load())
+        dtype = self.compute_dtype()
         if real > 0:
             h = target_hidden[valid:real].to(self.device, dtype).view(1, -1, self.hidden_size)
             pos = torch.arange(valid, real, device=self.device)

@@ -12,10 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Draft
-from .common import draw_kept, expand_logits, full_rows, reduced_soft_targets, soft_ce
-from .feature import FrozenTargetParts
-from ..engines.runners import context_window, vocab_size
+from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
@@ -38,34 +35,48 @@ class HeadsNet(nn.Module, FrozenTargetParts):
         return torch.stack([h + out(F.silu(inp(x))) for inp, out in zip(self.inp, self.out)])
 
 
-def heads_loss(net: HeadsNet, batch: dict, cfg: dict) -> torch.Tensor:
-    """Head i at position t learns the target's distribution at t+i (that of token t+1+i)."""
-    k = cfg["heads"]
-    h = batch["hidden"].float()
-    w = h.shape[1] - k
-    f = net.features(h[:, :w], batch["tokens"][:, 1 : w + 1])
-    losses = []
-    for i in range(1, k + 1):
-        logp = net.logits(f[i - 1]).float().log_softmax(-1).flatten(0, 1)
-        ids, p, rest = (batch[name][:, i : i + w] for name in ("top_ids", "top_p", "rest"))
-        if net.keep_ids is not None:
-            ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
-        mask = batch["mask"][:, i : i + w].flatten().float()
-        losses.append(soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), mask))
-    return torch.stack(losses).mean()
+class NativeHeads:
+    """A HeadsNet's step through the native pass's kernels (specrepro.engines.native): its bfloat16 weights
+    packed once, three products per proposal (every head's input projection, every head's output projection,
+    the frozen head over the kept tokens) instead of ~4K + 10 torch ops. The step's numbers: bfloat16
+    weights and product inputs, float32 accumulation (the native pass's), so the logits agree with the torch
+    step within bfloat16 round-off; the draft draws from, and reports, the rows it computed, so verification
+    stays exact either way."""
+
+    def __init__(self, net: "HeadsNet"):
+        from ..engines import native
+
+        self.k, self.h = len(net.inp), net.inp[0].weight.shape[0]
+        self.inp = native.pack([lin.weight for lin in net.inp])  # [K * H, 2H]: one product for every head
+        # every head's output projection in one product over all K rows; head i keeps its own block
+        self.out = native.pack([lin.weight for lin in net.out])  # [K * H, H]
+        self.head = native.pack([net.head])
+        self.linear = native.load().linear
+        self.key = self.key_of(net)
+
+    @staticmethod
+    def key_of(net) -> tuple:
+        """What the packed copies were made from: rebuilt when the head is cut again or weights change."""
+        return (id(net.head), net.head._version, tuple(lin.weight._version for lin in (*net.inp, *net.out)))
+
+    def logits(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every head's logits [K, kept] from h [H] and x = [h ; embedding of the next token] [2H]."""
+        a = F.silu(self.linear(x.view(1, -1), self.inp)).view(self.k, self.h)
+        rows = self.linear(a, self.out).view(self.k, self.k, self.h)
+        f = h.float() + rows[torch.arange(self.k), torch.arange(self.k)]  # head i's own output block
+        return self.linear(f, self.head)
 
 
-class HeadsDraft(Draft):
-    wants_target_hidden = True
+class HeadsDraft(HiddenStateDraft):
+    """Proposes every lookahead position from one HeadsNet call on the target's last hidden state.
 
-    def __init__(self, net: HeadsNet, target):
-        super().__init__()
-        self.net = net.eval()
-        self.vocab_size = vocab_size(target)
-        self.context_window = context_window(target)
-        self.hidden_size = target.config.hidden_size
-        self.device = self.net.emb.device  # where the borrowed tables live: the target's embedding device
-        self.net.to(self.device)
+    native: run the step through the native kernels (NativeHeads). None (default): where they serve it, a
+    bfloat16 net on the CPU with the native module built here; False: always torch."""
+
+    def __init__(self, net: HeadsNet, target, native: bool | None = None):
+        super().__init__(net, target)
+        self.native = native
+        self._native = None
 
     @classmethod
     def init_for(cls, target, cfg: dict | None = None, keep: torch.Tensor | None = None, seed: int = 0):
@@ -105,10 +116,31 @@ class HeadsDraft(Draft):
     def _logits(self, seq, target_hidden, expand: bool = True) -> torch.Tensor:
         """Every head's logits [K, V] after seq, from the target's last hidden state, on the draft's device
         (expand=False: over the kept vocabulary only)."""
-        dtype = self.net.inp[0].weight.dtype  # the net computes in its own dtype (the target's, from load())
+        dtype = self.compute_dtype()
         if target_hidden is not None and target_hidden.shape[0] > 0:
             h = target_hidden[-1].to(self.device, dtype)
         else:  # one-token prompt: no target feature yet
             h = torch.zeros(self.hidden_size, dtype=dtype, device=self.device)
-        logits = self.net.logits(self.net.features(h, seq[-1].to(self.device))).float()
+        step = self._native_step()
+        if step is not None:
+            x = torch.cat([h, F.embedding(seq[-1].to(self.device), self.net.emb)])
+            logits = step.logits(h, x)
+        else:
+            logits = self.net.logits(self.net.features(h, seq[-1].to(self.device))).float()
         return expand_logits(logits, self.net.keep_ids, self.vocab_size) if expand else logits
+
+    def _native_step(self) -> NativeHeads | None:
+        if self.native is False:
+            return None
+        if self.native is None and not self._native_serves():
+            self.native = False  # decided once per draft
+            return None
+        if self._native is None or self._native.key != NativeHeads.key_of(self.net):
+            self._native = NativeHeads(self.net)
+        return self._native
+
+    def _native_serves(self) -> bool:
+        from ..engines import native
+
+        return (self.compute_dtype() == torch.bfloat16 and self.device.type == "cpu"
+                and native.unavailable_reason(torch.bfloat16, self.device) is None)

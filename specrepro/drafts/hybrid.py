@@ -1,8 +1,10 @@
-"""Prompt lookup first, a model draft where the context has no match.
+"""A near-free proposer first, a model draft where it has nothing to propose.
 
 Prompt lookup costs almost nothing but proposes only when the context's last n-gram occurred before
 (copying spans of a summarised article, repeated identifiers in code); elsewhere it proposes nothing and
-the loop is a plain target step. A hybrid hands those loops to a model draft instead.
+the loop is a plain target step. A hybrid hands those loops to a model draft instead. The first proposer may
+also be a datastore draft with `min_accept` (spec "datastore+<spec>"): it proposes where its match is
+confident (the estimated acceptance of its first token reaches min_accept), the trained draft elsewhere.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from .lookup import LookupDraft
 class HybridDraft(Draft):
     """Propose the lookup's continuation when the context has an n-gram match, else the fallback's.
 
+    lookup: the first proposer, a LookupDraft (default) or a DatastoreDraft; it must decide whether to
+    propose from the context alone (both do), so that the choice never depends on a draw.
+
     The choice is a function of the context alone (never of the target's output), and each proposal's
     p rows are the distribution its tokens were drawn from (one-hot for lookup), so the rejection step
     stays exact. The fallback keeps its own cache and catches up on the tokens lookup loops added when it
@@ -21,7 +26,7 @@ class HybridDraft(Draft):
     trees, merge_trees puts both in one tree (see propose_tree), counted in lookup_loops and merged_loops.
     """
 
-    def __init__(self, fallback, lookup: LookupDraft | None = None, fallback_k: int | None = None,
+    def __init__(self, fallback, lookup: Draft | None = None, fallback_k: int | None = None,
                  merge_trees: bool = True):
         super().__init__()
         self.fallback = as_draft(fallback)
@@ -36,6 +41,10 @@ class HybridDraft(Draft):
         self.wants_target_hidden = self.fallback.wants_target_hidden
         self.merge_trees = bool(merge_trees)
         self.lookup_loops = self.fallback_loops = self.merged_loops = 0
+
+    def offer_pass_costs(self, costs) -> None:
+        self.lookup.offer_pass_costs(costs)
+        self.fallback.offer_pass_costs(costs)
 
     def reset(self) -> None:
         super().reset()

@@ -5,7 +5,7 @@ for the target. A shipped folder has the cache's layout (config.json, net.safete
 manifest.json (the data it was trained on), train_log.csv and tau.json; complete.json records the
 weights' sha256, checked before loading, so a damaged or truncated file (or a Git LFS pointer left by a
 clone without LFS) is reported as such instead of failing deep inside torch. `make drafts` retrains them
-from scratch with their config.json (specrepro.drafts.longrun).
+from scratch with their config.json (specrepro.training.longrun).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from .shards import file_sha256
+from ..files import file_sha256
 
 MARKER = "complete.json"
 WEIGHTS = "net.safetensors"

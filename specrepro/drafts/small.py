@@ -11,7 +11,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .base import ModelDraft
-from .common import hard_ce, soft_ce
 
 DEFAULTS = {"hidden": 128, "layers": 2, "ffn": 384, "head_dim": 32, "hard_weight": 0.1, "lr": 2e-3,
             "batch": 8, "window": 128}
@@ -61,20 +60,6 @@ def init_small(target, cfg: dict | None = None, seed: int = 0) -> LlamaForCausal
         with torch.no_grad():
             model.get_input_embeddings().weight.copy_(pca_embeddings(emb, cfg["hidden"]))
     return model
-
-
-def small_loss(model, batch: dict, cfg: dict) -> torch.Tensor:
-    """Soft (cached top-k) plus hard-label cross-entropy at every position, masked by batch["mask"]."""
-    tokens = batch["tokens"]
-    logits = model(input_ids=tokens[:, :-1]).logits
-    logp = logits.float().log_softmax(-1).flatten(0, 1)
-    # position t's cached labels describe token t+1, which is also its hard label
-    top_ids, top_p, rest = (batch[name][:, :-1].flatten(0, 1) for name in ("top_ids", "top_p", "rest"))
-    mask = batch["mask"][:, :-1].flatten().float()
-    soft = soft_ce(logp, top_ids, top_p, rest.flatten(), mask)
-    hard = hard_ce(logp, tokens[:, 1:].flatten(), mask)
-    w = cfg["hard_weight"]
-    return (1 - w) * soft + w * hard
 
 
 class SmallDraft(ModelDraft):

@@ -3,11 +3,16 @@ and a memory-bandwidth probe that gives the floor under a memory-bound forward p
 
 The project's machines are not one CPU kind (AVX512-BF16 on some, AVX2 only on others), and a dtype or
 kernel that wins on one can lose on the other, so every benchmark record carries `cpu_info()`.
+
+The run record (`RunRecord`, re-exported by specrepro.experiments.results) is what every result file says
+about the run that made it: the code (commit, dirty flag, code digest), this machine (`machine_info`), the
+arguments with portable paths and the load averages at the start and the end (the cores may be shared).
 """
 from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import time
 
@@ -91,3 +96,100 @@ def memory_floor(runner_or_model, dtype: torch.dtype | None = None, bandwidth_gb
     bandwidth = bandwidth_gbs or copy_bandwidth()
     nbytes = weight_bytes(runner_or_model, dtype)
     return {"weight_bytes": nbytes, "copy_bandwidth_gbs": bandwidth, "floor_ms": 1e3 * nbytes / (bandwidth * 1e9)}
+
+
+def machine_info() -> dict:
+    """Where the numbers were measured: the CPU model and its kernel flags (avx2, avx512_bf16, amx...) too."""
+    cpu = cpu_info()
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu["model"],
+        "cpu_flags": cpu["flags"],
+        "isa_limits": cpu["isa_limits"],
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": cpu["cores"],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # every visible GPU with its memory: a split target's numbers depend on all of them
+        "cuda_devices": [f"{torch.cuda.get_device_name(i)} ({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+                         for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
+    }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the system has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+
+
+class RunRecord:
+    """The record every result file carries. Make it before the run writes anything (the dirty flag must not
+    see the run's own outputs) and put `meta()` into each file when it is written:
+
+        record = RunRecord(args)          # argparse.Namespace, a dict, or None (a notebook's parameters
+        ...                               # are recorded beside it by the notebook)
+        write_json(out, {"meta": record.meta(tune=report), "rows": rows})
+    """
+
+    def __init__(self, args=None):
+        from ..files import portable_args, provenance
+
+        self.provenance = provenance()
+        self.started = _utc_now()
+        self.load_average_start = load_average()
+        if args is not None and not isinstance(args, dict):
+            args = vars(args)
+        self.args = None if args is None else portable_args(dict(args))
+
+    def meta(self, **extra) -> dict:
+        """The record at this moment (the machine's thread count and load now: the end of the run so far),
+        with `extra` beside it."""
+        out = {"provenance": self.provenance, "machine": machine_info(), "started": self.started,
+               "finished": _utc_now(), "load_average_start": self.load_average_start,
+               "load_average_end": load_average()}
+        if self.args is not None:
+            out["args"] = self.args
+        return {**out, **extra}
+
+
+# what differs between two runs of the same settings on the same code (a resumed run and an uninterrupted one)
+RUN_VARYING = ("started", "finished", "load_average_start", "load_average_end")
+
+
+def end_of_run(meta: dict) -> dict:
+    """A record made earlier (RunRecord.meta) with its end (time, load) set to now."""
+    return {**meta, "finished": _utc_now(), "load_average_end": load_average()}
+
+
+def check_record(data) -> list[str]:
+    """What a result file (its parsed JSON) lacks of the run record: [] when it names the commit, the code
+    digest and the machine (CPU model and flags). The record sits under "meta", or at the top of a file
+    without one; files of the bench written before the record name the machine in their own words
+    ("cpu_info", or the memory-floor probe's "machine"), which counts as naming it."""
+    if not isinstance(data, dict):
+        return ["commit", "code digest", "machine"]
+    meta = data["meta"] if isinstance(data.get("meta"), dict) else data
+    prov = meta.get("provenance") if isinstance(meta.get("provenance"), dict) else {}
+    missing = []
+    if not re.fullmatch(r"[0-9a-f]{40}", str(prov.get("commit"))):
+        missing.append("commit")
+    if not re.fullmatch(r"[0-9a-f]{12}", str(prov.get("code_digest"))):
+        missing.append("code digest")
+
+    def named(d, model="model", flags="flags"):
+        return isinstance(d, dict) and bool(d.get(model)) and isinstance(d.get(flags), list)
+
+    machine = meta.get("machine")
+    if not (named(machine, "cpu_model", "cpu_flags") or named(data.get("cpu_info")) or named(data.get("machine"))
+            or (isinstance(data.get("machine"), dict) and named(data["machine"].get("cpu_info")))):
+        missing.append("machine")
+    return missing

@@ -8,17 +8,15 @@ python -m specrepro.experiments.head_cost [--sizes 8192 4096 2048 1024 512] [--r
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
 import torch
 
 from ..engines.lean import LeanRunner, set_threads
-from ..files import atomic_write_text, portable_args
+from ..files import write_json
 from ..models import load_model
 from ..tuning.costs import measure_cost_table
-from .results import machine_info, provenance
+from .results import RunRecord
 from .workloads import make_draft, news_items
 
 
@@ -33,7 +31,7 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.reps < 3 or any(n < 1 for n in args.sizes):
         parser.error("--reps must be >= 3 and every --sizes entry >= 1")
-    made_by, load_start = provenance(), os.getloadavg()
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     threads = set_threads(args.threads)
     model, tokenizer = load_model("smollm2-135m-instruct")
     prefix = news_items(tokenizer, 1)[0]["prompt_ids"].view(-1)
@@ -50,10 +48,8 @@ def main(argv=None) -> list[dict]:
                   f"target {cost['target_ms'][1]:.2f} ms, c {cost['c']:.3f}", flush=True)
     meta = {"what": f"medians of {args.reps} draft steps (one propose of one token after the first held-out news "
                     f"prompt, {len(prefix)} tokens) and of {args.reps} one-token native bfloat16 target passes after "
-                    "it, interleaved; drafts in bfloat16",
-            "args": portable_args(vars(args)), "threads": threads, "machine": machine_info(), "provenance": made_by,
-            "load_average_start": load_start, "load_average_end": os.getloadavg()}
-    atomic_write_text(Path(args.out), json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+                    "it, interleaved; drafts in bfloat16"}
+    write_json(Path(args.out), {"meta": record.meta(threads=threads, **meta), "rows": rows})
     return rows
 
 

@@ -13,18 +13,14 @@ runs/measure/ so an interrupted run resumes. Notebook 04 runs the same measureme
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-import torch
-
-from ..files import portable_args
 from ..algorithm.tree import parse_tree
-from ..drafts.trainer import FREE_KINDS, KINDS
+from ..drafts.kinds import FREE_KINDS, KINDS
 from ..engines.lean import set_threads
 from .drafts_table import measure_drafts
 from .records import write_outputs
-from .results import machine_info, markdown_table, provenance
+from .results import RunRecord, markdown_table
 from .workloads import code_items, eos_ids, load_target, make_draft, news_items, parse_ks, tuned_target
 
 COLUMNS = ["draft", "task", "temperature", "K", "tree", "a", "acceptance_rate", "tau", "c", "v", "speedup",
@@ -65,7 +61,7 @@ def main(argv=None) -> list[dict]:
         parser.error(f"--new-tokens must be >= 1, got {args.new_tokens}")
     if any(t < 0 for t in args.temps):
         parser.error(f"--temps must be >= 0, got {args.temps}")
-    made_by, load_start = provenance(), os.getloadavg()  # before any output is written (the dirty flag)
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     threads = set_threads(args.threads)
     target, tokenizer = load_target("smollm2-135m-instruct", args.dtype)
     # one tuned runner for every draft, so all rows share one ArS baseline (tuned for a free draft)
@@ -75,9 +71,7 @@ def main(argv=None) -> list[dict]:
     rows = measure_drafts(target, args.drafts, prompts, ks, args.new_tokens, args.temps, args.results,
                              seed=args.seed, eos=eos_ids(tokenizer), runner=runner,  # drafts in the runner's dtype
                              trees=trees, pass_costs=None if args.no_stop_rule else tuned["v"])
-    meta = {"machine": machine_info(), "provenance": made_by, "load_average_start": load_start,
-            "load_average_end": os.getloadavg(),
-            "torch": torch.__version__, **portable_args(vars(args)), "threads": threads, "tune": tuned}
+    meta = record.meta(threads=threads, tune=tuned)
     out = Path(args.out)
     write_outputs(out.parent, out.name, rows, meta)
     print(markdown_table(rows, COLUMNS, digits=3))

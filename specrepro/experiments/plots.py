@@ -15,6 +15,7 @@ if "matplotlib.pyplot" not in sys.modules and not sys.modules.get("ipykernel"):
     matplotlib.use("agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..files import atomic_path  # noqa: E402
 from .results import read_csv  # noqa: E402
 
 matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "figure.dpi": 110, "font.size": 9})
@@ -26,9 +27,8 @@ def _save(fig, out_dir: Path, name: str) -> list[str]:
     paths = []
     for ext in ("png", "pdf"):
         path = out_dir / f"{name}.{ext}"
-        tmp = out_dir / f".{name}.tmp.{ext}"
-        fig.savefig(tmp, bbox_inches="tight")
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, bbox_inches="tight", format=ext)
         paths.append(str(path))
     plt.close(fig)
     return paths

@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 import zlib
 from pathlib import Path
 
 import torch
 
 from ..files import write_json
-from .results import code_digest, machine_info, provenance, write_csv
+from .results import RunRecord, code_digest, end_of_run, write_csv
 from ..generate import autoregressive_generate, speculative_generate
 
 PROFILES = ("smoke", "cpu", "gpu")  # derived profiles (gpu-test) pass their _base to the notebooks
@@ -50,7 +49,8 @@ _PLACES = ("results_dir", "out_dir")
 def results_key(params: dict) -> str:
     """The key of a notebook's results folder: its effective parameters (where things go excepted), the
     package's sources (`code_digest`) and, when it names trained draft kinds, their artifacts."""
-    from ..drafts.trainer import KINDS, artifacts_digest
+    from ..drafts.artifacts import artifacts_digest
+    from ..drafts.kinds import KINDS
 
     settings = {k: v for k, v in params.items() if k not in _PLACES}
     settings["code"] = code_digest()
@@ -75,15 +75,15 @@ def results_folder(name: str, namespace: dict, notebook_dir=None) -> str:
 
 
 def run_header(profile: str, seed: int, threads: int | None, **extra) -> dict:
-    """Fix threads and seed, and return what every output records: machine, the commit and code digest
-    (`provenance`), profile, seed, settings (the notebooks add the tuned setting as "tune")."""
+    """Fix threads and seed, and return what every output records: the run record (results.RunRecord: the
+    commit and code digest, the machine, the load average), profile, seed, settings (the notebooks add the
+    tuned setting as "tune"); write_outputs sets the record's end when it writes."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; use one of {PROFILES}")
     if threads:
         torch.set_num_threads(int(threads))
     torch.manual_seed(seed)
-    return {"profile": profile, "seed": seed, "machine": machine_info(), "provenance": provenance(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+    return RunRecord().meta(profile=profile, seed=seed, **extra)
 
 def item_seed(seed: int, key: str) -> int:
     """A stable per-item seed, so a resumed run draws the same randomness for the same item."""
@@ -103,9 +103,10 @@ def profile_note(profile: str) -> str:
 
 
 def write_outputs(out_dir, name: str, rows: list[dict], meta: dict) -> dict:
-    """`<name>.csv` (the table) and `<name>.json` (table + run metadata), both written atomically; a smoke
-    run's JSON says that its numbers measure nothing."""
+    """`<name>.csv` (the table) and `<name>.json` (table + run metadata, the run record's end set to now),
+    both written atomically; a smoke run's JSON says that its numbers measure nothing."""
     out_dir = Path(out_dir)
+    meta = end_of_run(meta)
     if meta.get("profile") == "smoke":
         meta = {**meta, "note": SMOKE_NOTE.replace("**", "")}
     csv_path = write_csv(out_dir / f"{name}.csv", rows)

@@ -9,7 +9,7 @@ plus the profile's output folders. Executed notebooks go to `runs/<profile>/`. A
 the same parameters is skipped unless --force; inside a notebook, finished items are skipped via its results
 files, so a rerun after a kill resumes where it stopped. Items are keyed by the parameters and by a hash of
 the package's sources (`results.code_digest`): after a change to specrepro/ nothing old is reused; a
-notebook that names a trained draft kind is keyed by that kind's artifacts too (`drafts.trainer.
+notebook that names a trained draft kind is keyed by that kind's artifacts too (`drafts.artifacts.
 artifacts_digest`), so a retrained or newly shipped draft recomputes it; and --force deletes the notebook's items too. --output-root DIR sends everything a run writes
 (figures, results, executed notebooks) under DIR instead of the repository; --set overrides one parameter of
 every selected notebook (checked like the params file: a name the notebook does not define is an error).
@@ -20,6 +20,11 @@ their folders sit side by side, `--merge` combines their items and runs the note
 only summarise: the same CSV/JSON and figures a single run writes.
 
 A params file may start with `_base: <profile>`: it then holds only its differences from that profile.
+
+A run that rewrites the committed figures/ (the cpu profile, `make reproduce`) ends by rendering the result
+blocks of README.md and docs/results.md from them (specrepro.experiments.summary), so that `make test`, which
+checks those blocks against figures/, passes after it; --render FILE ... chooses other files (none with no
+file named). The prose around the blocks is the author's: reread it after a run whose numbers moved.
 """
 from __future__ import annotations
 
@@ -189,10 +194,44 @@ def shard_root(profile: str, shard: tuple[int, int], output_root=None) -> Path:
     return base / "shards" / f"{shard[0]}-of-{shard[1]}"
 
 
+# the files whose summary blocks render the committed figures (specrepro.experiments.summary)
+DOCS = ("README.md", "docs/results.md")
+
+
+def docs_to_render(profile: str, output_root=None, shard=None) -> list[Path]:
+    """The docs a run renders when it ends: README.md and docs/results.md where the run rewrote the committed
+    figures/ (the cpu profile, no --output-root, not one shard of several); none otherwise."""
+    if profile == "cpu" and output_root is None and shard is None:
+        return [ROOT / d for d in DOCS]
+    return []
+
+
+def render_docs(figures: Path, docs) -> list[Path]:
+    """Rewrite the summary blocks of `docs` from `figures`, saying what it did (a missing figure file is said,
+    not raised: the notebooks' own outputs are written by then)."""
+    from . import summary
+
+    if not docs:
+        return []
+    shown = ", ".join(str(Path(d).relative_to(ROOT)) if Path(d).resolve().is_relative_to(ROOT) else str(d) for d in docs)
+    try:
+        changed = summary.write_blocks(docs, figures)
+    except FileNotFoundError as err:
+        print(f"[reproduce] {shown}: not rendered: {err}", flush=True)
+        return []
+    print(f"[reproduce] {shown}: result blocks rendered from {figures} ({len(changed)} changed; the same as "
+          f"`python -m specrepro.experiments.summary --figures {figures} --write {' '.join(map(str, docs))}`)",
+          flush=True)
+    return changed
+
+
 def run(profile: str, only=None, force: bool = False, cell_timeout: int | None = None, overrides=None,
-        output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False) -> list[Path]:
+        output_root=None, shard: tuple[int, int] | None = None, rerun: bool = False, render=None) -> list[Path]:
     """Run the notebooks. force: delete their items and rerun; rerun: rerun finished notebooks, keeping items
-    (what --merge needs); shard (i, n): only share i of n of the items, under shard_root()."""
+    (what --merge needs); shard (i, n): only share i of n of the items, under shard_root(). render: the docs
+    whose summary blocks are rendered from the run's figures at the end (None: docs_to_render's choice)."""
+    if render is None:
+        render = docs_to_render(profile, output_root, shard)
     import logging
 
     import papermill
@@ -210,6 +249,9 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
     previous = os.environ.pop(SHARD_ENV, None)
     if shard is not None:
         os.environ[SHARD_ENV] = f"{shard[0]}/{shard[1]}"  # the kernels inherit it; ResultsFile reads it
+    reference, pass_ratio, took = reference_run(profile), None, {}
+    if reference[0] and reference[1] and jobs:
+        pass_ratio = pass_ratio_here(reference[1])
     try:
         outputs = []
         started = time.time()
@@ -225,7 +267,7 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                               else ROOT / params["results_dir"], ignore_errors=True)
             output = run_dir / f"{name}.ipynb"
             where = f", shard {shard[0]}/{shard[1]}" if shard else ""
-            left = remaining_minutes(profile, [n for n, _ in jobs[index:]])
+            left = remaining_minutes(profile, [n for n, _ in jobs[index:]], took, pass_ratio, reference[0])
             shown = output.relative_to(ROOT) if output.is_relative_to(ROOT) else output
             print(f"[reproduce] {index + 1}/{len(jobs)} {name} ({profile}{where}) -> {shown}; "
                   f"{(time.time() - started) / 60:.1f} min so far" + (f", about {left:.0f} min left" if left else ""),
@@ -247,8 +289,11 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
                                  f"--cell-timeout or shrink notebooks/params/{profile}.yaml") from None
             write_json(done, {"digest": digest, "seconds": time.time() - start, "params": params,
                               "shard": list(shard) if shard else None})
+            took[name] = time.time() - start
             print(f"[reproduce] {name}: {time.time() - start:.0f} s", flush=True)
             outputs.append(output)
+        out_dir = Path(output_root).resolve() / "figures" if output_root is not None else ROOT / output_dirs(profile)["out_dir"]
+        render_docs(out_dir, render)
         return outputs
     finally:
         os.environ.pop(SHARD_ENV, None)
@@ -256,18 +301,96 @@ def run(profile: str, only=None, force: bool = False, cell_timeout: int | None =
             os.environ[SHARD_ENV] = previous
 
 
-# minutes each notebook took in the last measured run of a profile (cpu: docs/results.md's run, 2 cores);
-# cpu 03 and 04 are estimates until measured again: 03 with two drafts (feature, datastore) on the native
-# runner, from the per-token times of a sample of its items; 04 with the datastore draft added (one more
-# near-free draft)
-MINUTES = {"cpu": {"00_train_drafts": 0.2, "01_losslessness": 3.7, "02_lookahead_sweep": 6.2, "03_table1": 13.0,
-                   "04_drafts": 13.5}}
+# minutes each notebook took in the run behind the committed cpu figures (commit f217b02's fresh-clone run on
+# the 2-core AVX512-BF16 EPYC: 01-03 from the started times of consecutive notebooks in figures/*.json, 00 and 04
+# from that run's log); a figure that records its own start and finish (the run record) replaces its entry
+MINUTES = {"cpu": {"00_train_drafts": 0.1, "01_losslessness": 3.3, "02_lookahead_sweep": 3.3, "03_table1": 12.3,
+                   "04_drafts": 7.4}}
+# the figure each notebook writes, whose record gives its minutes and the tuned one-token pass of that run
+FIGURES = {"01_losslessness": "losslessness.json", "02_lookahead_sweep": "lookahead_sweep.json",
+           "03_table1": "table1.json", "04_drafts": "drafts.json"}
 
 
-def remaining_minutes(profile: str, names) -> float | None:
-    """About how long the notebooks `names` take in `profile`, from its last measured run (None if unknown)."""
-    table = MINUTES.get(profile)
-    return sum(table.get(n, 0.0) for n in names) if table else None
+def reference_run(profile: str, figures=None) -> tuple[dict[str, float], float | None]:
+    """(minutes per notebook, one-token pass in ms) of the run behind the committed figures of `profile` (cpu
+    only: the other profiles' outputs are not committed): a figure's own record where it has one (started ..
+    finished; its tuned setting's one-token pass), MINUTES elsewhere."""
+    from datetime import datetime
+
+    minutes = dict(MINUTES.get(profile, {}))
+    passes = []
+    for name, file in FIGURES.items() if minutes else ():
+        try:
+            meta = json.loads(((Path(figures) if figures else ROOT / "figures") / file).read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            span = datetime.fromisoformat(str(meta["finished"])) - datetime.fromisoformat(str(meta["started"]))
+            minutes[name] = span.total_seconds() / 60
+        except (KeyError, ValueError):  # a figure written before the run record: no finish time
+            pass
+        one = (meta.get("tune") or {}).get("one_token_ms") if isinstance(meta.get("tune"), dict) else None
+        if one:
+            passes.append(float(one))
+    return minutes, (sorted(passes)[len(passes) // 2] if passes else None)
+
+
+def one_token_ms(model, reps: int = 20, prefix: int = 100) -> float:
+    """This machine's one-token pass of `model` (median ms after a `prefix`-token context) in the setting tune
+    picks on most CPUs, the native bfloat16 pass, or the lean bfloat16 runner where that cannot be built."""
+    import torch
+
+    from ..engines import native
+    from ..engines.lean import LeanRunner
+
+    backend = "native" if native.unavailable_reason(torch.bfloat16, "cpu") is None else "eager"
+    runner = LeanRunner(model, dtype=torch.bfloat16, backend=backend)
+    ids = torch.arange(prefix + 1) % min(1000, runner.vocab_size)
+    runner.forward(ids[:prefix])
+    times = []
+    for _ in range(reps):
+        runner.rollback(prefix)
+        start = time.perf_counter()
+        runner.forward(ids[prefix:])
+        times.append(time.perf_counter() - start)
+    return sorted(times)[reps // 2] * 1000
+
+
+def pass_ratio_here(reference_ms: float) -> float | None:
+    """This machine's one-token pass of the offline target / the reference run's, printed; None (and the
+    reference run's times as they are) where the target cannot be loaded here."""
+    import gc
+
+    from ..models import load_model
+
+    try:
+        model, _ = load_model("smollm2-135m-instruct")  # converted once; the notebooks reuse the cached copy
+        here = one_token_ms(model)
+    except Exception as err:  # noqa: BLE001 - an estimate is never worth failing a run for
+        print(f"[reproduce] no pass time measured here ({type(err).__name__}: {err}); estimates are the reference "
+              "run's times")
+        return None
+    del model
+    gc.collect()
+    print(f"[reproduce] one-token pass here {here:.1f} ms, {reference_ms:.1f} ms in the run behind the committed "
+          f"figures: time estimates x{here / reference_ms:.2f} until a notebook has finished", flush=True)
+    return here / reference_ms
+
+
+def remaining_minutes(profile: str, names, took: dict[str, float] | None = None, pass_ratio: float | None = None,
+                      reference: dict[str, float] | None = None) -> float | None:
+    """About how long the notebooks `names` take here: the reference run's minutes (reference_run) scaled to
+    this machine, by this run's finished notebooks against theirs (`took`: seconds per notebook, counted where
+    the reference took a minute or more) or, before any has finished, by the ratio of this machine's
+    one-token pass to the reference run's (`pass_ratio`). None for a profile without a reference run."""
+    table = reference if reference is not None else reference_run(profile)[0]
+    if not table:
+        return None
+    base = sum(table.get(n, 0.0) for n in names)
+    timed = {n: s for n, s in (took or {}).items() if table.get(n, 0.0) >= 1.0}
+    if timed:
+        return base * sum(timed.values()) / 60 / sum(table[n] for n in timed)
+    return base * (pass_ratio or 1.0)
 
 
 def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
@@ -296,7 +419,8 @@ def finished_shards(profile: str, only=None, output_root=None) -> list[Path]:
     return [found[(i, n)] for i in range(n)]
 
 
-def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=None, output_root=None) -> list[Path]:
+def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=None, output_root=None,
+          render=None) -> list[Path]:
     """Combine every shard's items into the run's results folder, then run the notebooks to summarise them."""
     shards = finished_shards(profile, only, output_root)
     dest_root = Path(output_root).resolve() / "results" if output_root is not None else (
@@ -310,7 +434,8 @@ def merge(profile: str, only=None, cell_timeout: int | None = None, overrides=No
                     dest.append(record)
                     added += 1
     print(f"[reproduce] merged {added} items from {len(shards)} shards into {dest_root}", flush=True)
-    return run(profile, only, cell_timeout=cell_timeout, overrides=overrides, output_root=output_root, rerun=True)
+    return run(profile, only, cell_timeout=cell_timeout, overrides=overrides, output_root=output_root, rerun=True,
+               render=render)
 
 
 def main(argv=None) -> None:
@@ -326,7 +451,12 @@ def main(argv=None) -> None:
                     help="override a notebook parameter (YAML value), e.g. --set n_samples=40; repeatable")
     ap.add_argument("--shard", metavar="I/N", help="run share I of N (0 <= I < N) of every notebook's items")
     ap.add_argument("--merge", action="store_true", help="combine the finished shards and write the summaries")
+    ap.add_argument("--render", nargs="*", metavar="FILE",
+                    help="at the end, render these files' summary blocks from the run's figures (default: README.md "
+                         "and docs/results.md when the run rewrites the committed figures/, i.e. the cpu profile "
+                         "without --output-root or --shard; none otherwise); --render with no file renders none")
     args = ap.parse_args(argv)
+    render = None if args.render is None else [Path(f) for f in args.render]
     if args.shard and (args.merge or args.force):
         raise SystemExit("--shard runs one share; --merge (and --force) are separate steps")
     if args.sync:
@@ -342,14 +472,14 @@ def main(argv=None) -> None:
             print(p)
         return
     if args.merge:
-        merge(args.profile, args.only, args.cell_timeout, parse_overrides(args.overrides), args.output_root)
+        merge(args.profile, args.only, args.cell_timeout, parse_overrides(args.overrides), args.output_root, render)
         return
     try:
         shard = parse_shard(args.shard) if args.shard else None
     except ValueError as err:
         raise SystemExit(f"--shard: {err}") from None
     run(args.profile, args.only, args.force, args.cell_timeout, parse_overrides(args.overrides), args.output_root,
-        shard)
+        shard, render=render)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@ torn by the kill (no trailing newline) is dropped with a warning and cut from th
 is not a valid record is skipped with a warning (the records after it are kept).
 Appends and that clean-up hold an exclusive lock on the file (fcntl.flock), so two runs sharing a results
 file never interleave their lines, and one never cuts a line that the other is still writing.
-Final tables are written to a temporary file in the same directory and moved into place with os.replace,
-so readers see the old file or the new one, never half of one.
+Final tables are written to a temporary file in the same directory and moved into place with os.replace
+(files.atomic_path), so readers see the old file or the new one, never half of one.
+
+The run record: every writer of a result file starts a `RunRecord(args)` before it writes anything and puts
+`record.meta()` into the file (the commit, dirty flag and code digest; the machine; the arguments with
+portable paths; the load averages at the start and the end). `check_record` says what a result file lacks.
 
 Shards (`specrepro-reproduce --shard i/n`): with $SPECREPRO_SHARD = "i/n" set, a ResultsFile
 reports every item of another shard as present, so the experiments loop over their own share only; reading
@@ -21,19 +25,18 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
-import hashlib
 import io
 import json
 import math
 import os
-import platform
 import re
 import warnings
 import zlib
 from pathlib import Path
 from typing import Iterable
 
-from ..files import _jsonable, atomic_write_text
+from ..engines.machine import RUN_VARYING, RunRecord, check_record, end_of_run, machine_info  # noqa: F401 (the run record)
+from ..files import _jsonable, atomic_write_text, code_digest, provenance  # noqa: F401
 
 
 SHARD_ENV = "SPECREPRO_SHARD"
@@ -179,36 +182,6 @@ def _ends_clean(f) -> bool:
     return f.read(1) == b"\n"
 
 
-def code_digest() -> str:
-    """A hash of the package's sources (Python and the native pass's C++): results made by other code are
-    never reused."""
-    root = Path(__file__).resolve().parents[1]  # the whole specrepro package
-    h = hashlib.sha256()
-    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cpp")]):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
-
-
-def provenance(root: str | os.PathLike | None = None) -> dict:
-    """What code made a result: the git commit of the checkout (None outside one), whether the checkout had
-    uncommitted changes outside figures/ (what a run writes: `make reproduce` rewrites the figures of the
-    notebooks before it, which says nothing about the code), and the package's code digest."""
-    import subprocess
-
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]  # the checkout
-
-    def git(*args):
-        try:
-            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)figures") if commit else None
-    return {"commit": commit, "dirty": bool(status) if commit else None, "code_digest": code_digest()}
-
-
 def write_csv(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
     """Rows of dicts -> CSV; the columns are the union of keys, in first-seen order."""
     rows = list(rows)
@@ -227,29 +200,6 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
     """CSV -> rows of dicts with numbers parsed back (ints, floats, nan); empty cells become None."""
     with open(path, newline="", encoding="utf-8") as f:
         return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def machine_info() -> dict:
-    """Where the numbers were measured: the CPU model and its kernel flags (avx2, avx512_bf16, amx...) too."""
-    import torch
-
-    from ..engines.machine import cpu_info
-
-    cpu = cpu_info()
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": cpu["model"],
-        "cpu_flags": cpu["flags"],
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        # every visible GPU with its memory: a split target's numbers depend on all of them
-        "cuda_devices": [f"{torch.cuda.get_device_name(i)} ({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
-                         for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
-    }
 
 
 def _cell(value):

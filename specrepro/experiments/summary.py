@@ -7,7 +7,9 @@
 In a Markdown file, the text between `<!-- summary:NAME -->` and `<!-- /summary -->` is the block NAME
 (see BLOCKS): --write replaces it with the rendering of the files in --figures, --check fails where it
 differs. tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
-cannot drift from the file it cites. The prose around the blocks is written by hand.
+cannot drift from the file it cites. `make reproduce` (the cpu profile, which rewrites figures/) ends by
+rendering README.md's and docs/results.md's blocks from the new files, so `make test` passes after it.
+The prose around the blocks is written by hand.
 """
 from __future__ import annotations
 
@@ -99,11 +101,26 @@ def table1(figures: Path) -> str:
     return "\n".join(out)
 
 
+QUALITY_MEASURE = {"news": "ROUGE-2", "humaneval": "similarity of the text (difflib), not pass@k"}
+
+
+def detectable_difference(ci_low: float, ci_high: float, tests: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference a paired test at level alpha / tests (Bonferroni) detects with the
+    given power, in the normal approximation: (z(1 - alpha / 2 tests) + z(power)) x the standard error that a
+    95% interval of this width implies. An approximation for the Wilcoxon test, stated as such."""
+    from scipy.stats import norm
+
+    se = (ci_high - ci_low) / (2 * norm.ppf(0.975))
+    return (norm.ppf(1 - alpha / (2 * tests)) + norm.ppf(power)) * se
+
+
 def table1_quality(figures: Path) -> str:
-    """The paired quality tests of Table 1 (one family; notebook 03 prints the verdicts)."""
+    """The paired quality tests of Table 1 (one family; notebook 03 prints the verdicts), each with the
+    difference it could detect (detectable_difference)."""
     meta, rows = _read(figures, "table1")
-    out = ["| benchmark, decoding | draft | n pairs | ArS ms/token | SpS ms/token | quality: SpS - ArS [CI] "
-           "| Wilcoxon p |", "|---|---|---|---|---|---|---|"]
+    out = ["| benchmark, decoding | draft | n pairs | ArS ms/token | SpS ms/token | quality measure "
+           "| SpS - ArS [CI] | Wilcoxon p | detectable at 80% power |", "|---|---|---|---|---|---|---|---|---|"]
+    family = sum(1 for r in rows if r["method"] == "SpS")
     for sps in (r for r in rows if r["method"] == "SpS"):
         ars = next(r for r in rows if (r["benchmark"], r["decoding"], r["method"]) ==
                    (sps["benchmark"], sps["decoding"], "ArS"))
@@ -111,12 +128,19 @@ def table1_quality(figures: Path) -> str:
         diff = sps.get(f"{key}_mean_difference")
         lo, hi = sps.get(f"{key}_difference_ci_low"), sps.get(f"{key}_difference_ci_high")
         p = sps.get(f"{key}_wilcoxon_p")
+        if not (_ok(lo) and _ok(hi)):
+            detectable = ""
+        elif hi - lo == 0:
+            detectable = "none: texts identical"
+        else:
+            detectable = f"{detectable_difference(lo, hi, family):.4f}"
         out.append("| " + " | ".join([
             f"{BENCHMARK[sps['benchmark']]} {sps['decoding']}", str(sps["draft"]),
             f"{int(sps['n_pairs'])}" if _ok(sps.get("n_pairs")) else "",
             _ci(ars, "ms_per_token", 1), _ci(sps, "ms_per_token", 1),
+            QUALITY_MEASURE.get(sps["benchmark"], "") if key == "quality" else "pass",
             (f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" if _ok(diff) and _ok(lo) else ""),
-            f"{p:.3g}" if _ok(p) else "",
+            f"{p:.3g}" if _ok(p) else "", detectable,
         ]) + " |")
     return "\n".join(out)
 
@@ -179,6 +203,20 @@ def render_file(text: str, figures: Path) -> str:
     return BLOCK.sub(fill, text)
 
 
+def write_blocks(paths, figures: Path) -> list[Path]:
+    """Rewrite the blocks of each file from `figures` (atomically); the files that changed."""
+    from ..files import atomic_write_text
+
+    changed = []
+    for path in map(Path, paths):
+        text = path.read_text()
+        new = render_file(text, Path(figures))
+        if new != text:
+            atomic_write_text(path, new)
+            changed.append(path)
+    return changed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specrepro.experiments.summary", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,18 +229,12 @@ def main(argv=None) -> int:
         for name, fn in BLOCKS.items():
             print(f"<!-- summary:{name} -->\n{fn(figures)}\n<!-- /summary -->\n")
         return 0
-    stale = []
     for path in map(Path, args.write + args.check):
-        text = path.read_text()
-        if not BLOCK.search(text):
+        if not BLOCK.search(path.read_text()):
             ap.error(f"{path} has no <!-- summary:NAME --> block")
-        new = render_file(text, figures)
-        if path in map(Path, args.write):
-            if new != text:
-                path.write_text(new)
-                print(f"updated {path}")
-        elif new != text:
-            stale.append(str(path))
+    for path in write_blocks(args.write, figures):
+        print(f"updated {path}")
+    stale = [str(path) for path in map(Path, args.check) if render_file(path.read_text(), figures) != path.read_text()]
     if stale:
         print(f"out of date with {figures}/: {', '.join(stale)} (run with --write)", file=sys.stderr)
         return 1

@@ -18,11 +18,10 @@ from tqdm import tqdm
 
 from . import records as rec
 from . import workloads as wl
-from ..files import portable_args
 from ..stats.intervals import ratio_ci, ratio_of_ratios_ci
 from ..engines.lean import LeanRunner, set_threads
 from ..models import load_model
-from .results import ResultsFile, markdown_table, machine_info
+from .results import ResultsFile, RunRecord, markdown_table
 from ..generate import speculative_generate
 from ..algorithm.tree import TreeSpec, parse_tree
 
@@ -105,6 +104,7 @@ def main(argv=None) -> list[dict]:
         ks, trees = parse_ks(args.ks), [parse_tree(t) for t in args.trees]
     except ValueError as err:
         parser.error(str(err))
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     threads = set_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model("smollm2-135m-instruct", dtype=dtype)
@@ -116,8 +116,7 @@ def main(argv=None) -> list[dict]:
                   wl.eos_ids(tokenizer))
     rows = summarise(records)
     out = Path(args.out)
-    rec.write_outputs(out.parent, out.name, rows, {"machine": machine_info(), "torch": torch.__version__,
-                                                   **portable_args(vars(args)), "threads": threads})
+    rec.write_outputs(out.parent, out.name, rows, record.meta(threads=threads))
     print(markdown_table(rows, COLUMNS, digits=3))
     return rows
 

@@ -41,7 +41,7 @@ import torch
 
 from .costs import from_json, measure_cost_table
 from ..engines.kernels import BACKENDS, unavailable_reason
-from ..engines.machine import cpu_info, describe_cpu
+from ..engines.machine import RunRecord, cpu_info, describe_cpu
 from ..engines.runners import vocab_size
 from ..models import specrepro_home
 from ..files import portable_path, write_json
@@ -77,6 +77,20 @@ class Setting:
     tree: object | None = None
     report: dict = field(default_factory=dict)
 
+    @property
+    def pass_costs(self) -> dict[int, float]:
+        """v(n) of the chosen setting, as measured here: a target pass over n + 1 tokens / a one-token pass."""
+        return dict(self.report["costs"][self.report["name"]]["v"])
+
+    def apply(self, draft):
+        """`draft` with this setting's v(n) offered to its stop rule (a datastore draft, or a hybrid holding one,
+        proposes only tokens whose expected gain pays for verifying them; other drafts are unchanged). A draft
+        given its own pass_costs keeps them. Returns the draft."""
+        offer = getattr(draft, "offer_pass_costs", None)
+        if offer is not None:
+            offer(self.pass_costs)
+        return draft
+
 
 def tune(
     target,
@@ -95,7 +109,8 @@ def tune(
 ) -> Setting:
     """Measure the candidate settings on this machine (or reuse the cached measurement) and pick one.
 
-    target: an HF causal LM. draft: anything speculative_generate takes (costed per candidate).
+    target: an HF causal LM. draft: anything speculative_generate takes (costed per candidate); a datastore draft
+    (or a hybrid holding one) also gets the chosen setting's v(n) for its stop rule (Setting.apply).
     acceptance: an estimate of the draft's per-token acceptance a in [0, 1); prompt: token ids to measure
     a on (a short SpS run at `temperature`) when no estimate is given. threads: thread counts to try
     (default: 1 and all usable cores). compile: also try torch.compile'd runners (slow to build): the lean runner's compiled
@@ -158,8 +173,10 @@ def tune(
         from ..engines import native
 
         report["native"] = native.describe()  # which kernels were compiled, and the build time
-    return Setting(target=runner, lookahead=choice["lookahead"], candidate=cand, tree=tree,
-                   report=report)
+    setting = Setting(target=runner, lookahead=choice["lookahead"], candidate=cand, tree=tree, report=report)
+    if draft is not None:
+        setting.apply(draft)  # a datastore draft's stop rule gets this machine's v(n)
+    return setting
 
 
 def compare_trees(target, draft, prompt, cand: Candidate, costs: dict, lookahead: int, trees, temperature: float,
@@ -539,6 +556,7 @@ def main(argv=None) -> dict:
         _check_threads(args.threads)
     except ValueError as err:
         ap.error(str(err))
+    record = RunRecord(args)  # before any output is written (the dirty flag)
     model, _ = load_model(args.target)
     draft = make_draft(args.draft, model) if args.draft else None
     setting = tune(model, draft, acceptance=args.acceptance, threads=args.threads, reps=args.reps,
@@ -559,8 +577,8 @@ def main(argv=None) -> dict:
     for name, why in report["skipped"].items():
         print(f"{name:28s} skipped: {why}")
     print(f"chosen: {report['name']}, K = {setting.lookahead}: {report['why']}")
-    if args.out:
-        write_json(args.out, report)
+    if args.out:  # the report with the run record beside it
+        write_json(args.out, {**report, "meta": record.meta()})
     return report
 
 

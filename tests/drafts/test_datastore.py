@@ -17,7 +17,7 @@ from helpers import EOS, PROMPT, TINY_STORE, fit_chain, fit_tree, tiny_llama
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.algorithm.tree import TreeSpec
 from specrepro.drafts import Datastore, DatastoreDraft
-from specrepro.drafts import datastore_build
+from specrepro.training import datastore_build
 from specrepro.drafts.datastore import SEP, read_sequences, shipped_tokens
 from specrepro.drafts.growing import without
 from specrepro.engines.lean import LeanRunner

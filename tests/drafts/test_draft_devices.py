@@ -21,7 +21,7 @@ import specrepro as sr
 from helpers import tiny_llama
 from specrepro.drafts import (FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft,
                               TruncatedDraft)
-from specrepro.drafts.trainer import draft_device
+from specrepro.drafts.artifacts import draft_device
 from specrepro.engines.lean import LeanRunner
 from specrepro.engines.runners import HFRunner
 from specrepro.engines.static import StaticRunner

@@ -12,8 +12,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specrepro.drafts import FeatureDraft, HeadsDraft, SmallDraft, load, train
-from specrepro.drafts.trainer import KINDS, MARKER
+from specrepro.drafts import FeatureDraft, HeadsDraft, SmallDraft, load
+from specrepro.drafts.artifacts import MARKER
+from specrepro.drafts.kinds import KINDS
+from specrepro.training import train
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.generate import autoregressive_generate, speculative_generate
 
@@ -167,7 +169,7 @@ def test_interrupted_training_resumes_to_the_same_weights(kind, real):
 
 
 def test_damaged_checkpoint_is_reported_and_training_starts_over(tmp_path):
-    from specrepro.drafts.trainer import atomic_save, resume, trainable_state
+    from specrepro.training.trainer import atomic_save, resume, trainable_state
 
     net = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(net.parameters())

@@ -56,7 +56,7 @@ def test_restricted_heads_draft_keeps_sps_exact():
 
 def test_load_cuts_the_shipped_drafts_head_and_refuses_what_it_cannot_cut(smollm):
     from specrepro.drafts.spec import make_draft
-    from specrepro.drafts.trainer import load
+    from specrepro.drafts.artifacts import load
 
     model, tokenizer = smollm
     full = load("feature", target=model)

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from specrepro.drafts import load
-from specrepro.drafts.longrun import load_config, run
+from specrepro.training.longrun import load_config, run
 from specrepro.drafts.shipped import find_shipped, shipped_root, verify
-from specrepro.drafts.trainer import MARKER
+from specrepro.drafts.artifacts import MARKER
 from specrepro.algorithm.sampling import SamplingConfig
 
 SHIPPED_KINDS = sorted(p.name for p in shipped_root().iterdir() if (p / "config.json").exists()) \
@@ -207,7 +207,7 @@ def test_continue_from_starts_at_the_given_artifact(real, empty_home, tmp_path):
 
 
 def test_tau_card_pools_prompts_and_brackets_tau():
-    from specrepro.drafts.taucard import tau_with_ci
+    from specrepro.training.taucard import tau_with_ci
 
     recs = [{"task": "news", "lookahead": 4, "n_tokens": 64, "target_calls": c} for c in (20, 30, 40, 32)]
     recs += [{"task": "news", "lookahead": 0, "n_tokens": 64, "target_calls": 64}]  # ArS rows are ignored

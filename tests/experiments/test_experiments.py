@@ -221,3 +221,34 @@ def test_the_dirty_flag_counts_code_changes_not_the_figures_a_run_rewrites(tmp_p
     (tmp_path / "code.py").write_text("x = 2\n")
     assert provenance(tmp_path)["dirty"] is True
     assert len(provenance(tmp_path)["commit"]) == 40
+
+
+def test_reproduce_time_estimates_scale_to_this_machine(tmp_path):
+    """make reproduce's 'about N min left': the reference run's minutes (read from the committed figures' own
+    records where they have them), scaled by this run's finished notebooks, or before any has finished by this
+    machine's one-token pass against the reference run's; no estimate for profiles without a reference."""
+    from specrepro.experiments import reproduce
+
+    minutes, ref_ms = reproduce.reference_run("cpu")
+    assert set(minutes) == set(reproduce.MINUTES["cpu"]) and ref_ms and ref_ms > 0  # the committed figures' tune
+    table = {"01_losslessness": 4.0, "02_lookahead_sweep": 2.0, "03_table1": 10.0, "00_train_drafts": 0.1}
+    names = ["02_lookahead_sweep", "03_table1"]
+    assert reproduce.remaining_minutes("cpu", names, reference=table) == 12.0
+    assert reproduce.remaining_minutes("cpu", names, pass_ratio=1.5, reference=table) == 18.0
+    # 01 took twice its reference here; 00 (under a minute) does not count
+    took = {"01_losslessness": 480.0, "00_train_drafts": 600.0}
+    assert reproduce.remaining_minutes("cpu", names, took, pass_ratio=1.5, reference=table) == 24.0
+    assert reproduce.remaining_minutes("smoke", names) is None
+    # a figure with its own record (started .. finished) replaces the table's entry
+    (tmp_path / "table1.json").write_text(json.dumps({"meta": {"started": "2026-12-06 03:00:00",
+                                                                "finished": "2026-12-06 03:30:00",
+                                                                "tune": {"one_token_ms": 5.0}}}))
+    minutes, ref_ms = reproduce.reference_run("cpu", figures=tmp_path)
+    assert minutes["03_table1"] == 30.0 and ref_ms == 5.0 and minutes["04_drafts"] == reproduce.MINUTES["cpu"]["04_drafts"]
+
+
+def test_one_token_pass_is_measured_on_the_model_given():
+    from specrepro.experiments.reproduce import one_token_ms
+    from specrepro.stats.toy import tiny_llama
+
+    assert 0 < one_token_ms(tiny_llama(0, vocab=50, layers=2), reps=5, prefix=8) < 1000

@@ -22,7 +22,7 @@ import specrepro as sr
 import specrepro.models as models
 from specrepro.experiments import reproduce
 from helpers import tiny_llama
-from specrepro.experiments.results import ResultsFile, read_csv, write_csv
+from specrepro.experiments.results import RUN_VARYING, ResultsFile, read_csv, write_csv
 from specrepro.files import write_json
 from helpers import word_tokenizer
 
@@ -214,7 +214,8 @@ def _outputs(root: Path) -> dict:
     out = {name: (figures / name).read_bytes() for name in ("losslessness.csv", "losslessness_joint.csv")}
     for name in ("losslessness.json", "losslessness_joint.json"):
         data = json.loads((figures / name).read_text())
-        data["meta"].pop("started")
+        for key in RUN_VARYING:  # when the run started and ended, and the load then
+            data["meta"].pop(key)
         out[name] = data
     return out
 

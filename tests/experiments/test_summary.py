@@ -60,3 +60,24 @@ def test_missing_files_and_unknown_blocks_are_named(tmp_path, figures):
         summary.table1(tmp_path)
     with pytest.raises(ValueError, match="unknown summary block 'tabel1'"):
         summary.render_file("<!-- summary:tabel1 -->\n<!-- /summary -->", figures)
+
+
+def test_the_detectable_difference_has_the_stated_power():
+    """Simulated paired differences with the true mean the function names are detected about 80% of the time
+    at the Bonferroni level (a one-sample t-test standing in for the normal approximation); half that true
+    mean is detected far less often."""
+    import numpy as np
+    from scipy.stats import ttest_1samp
+
+    rng = np.random.default_rng(0)
+    n, sd, tests = 30, 0.05, 8
+    half = 1.96 * sd / n ** 0.5
+    shift = summary.detectable_difference(-half, half, tests)
+    assert shift == pytest.approx((2.7344 + 0.8416) * sd / n ** 0.5, rel=1e-3)
+
+    def power(mean):
+        x = rng.normal(mean, sd, size=(4000, n))
+        return float(np.mean(ttest_1samp(x, 0, axis=1).pvalue < 0.05 / tests))
+
+    assert 0.72 <= power(shift) <= 0.84  # t with 29 degrees of freedom: a little under the normal's 0.80
+    assert power(shift / 2) < 0.3

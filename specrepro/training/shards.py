@@ -144,11 +144,3 @@ def build_shards(model, tokenizer, cfg: dict, root: Path, deadline: float | None
 
 def load_shards(paths: list[Path]) -> dict:
     return merge([torch.load(p, weights_only=True) for p in paths])
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

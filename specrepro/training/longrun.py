@@ -38,11 +38,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
-from .shards import build_shards, file_sha256, load_shards
-from .trainer import (LOSSES, MARKER, VERSION, atomic_save, build_net, check_kind, config_hash, get_batch,
-                      load_weights, lr_at, optimise, tied_head, trainable_state, window_length, window_starts)
+from .losses import LOSSES, frequent_tokens
+from .shards import build_shards, load_shards
+from .trainer import (atomic_save, build_net, get_batch, lr_at, optimise, trainable_state, window_length,
+                      window_starts)
+from ..drafts.artifacts import MARKER, VERSION, config_hash, load_weights, tied_head
+from ..drafts.kinds import check_kind
+from ..files import file_sha256
 from ..models import load_model, specrepro_home
 
 LONG_KINDS = ("small", "feature", "heads")  # the kinds whose nets this driver exports (safetensors)

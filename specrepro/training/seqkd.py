@@ -9,7 +9,7 @@ the target pass over these sequences is cached anyway). `specrepro-drafts train 
 from __future__ import annotations
 
 from .distill import DATA_DEFAULTS, distill_data
-from .small import SmallDraft
+from ..drafts.small import SmallDraft
 
 SeqKDDraft = SmallDraft
 

@@ -1,13 +1,11 @@
 """Training drafts against the cached target pass, with resumable checkpoints and cached artifacts.
 
-An artifact lives in <root>/<kind>-<hash of its config>/ (root defaults to specrepro_home()/drafts):
-config.json, the weights, and complete.json, written last, which marks it usable. While training, the
-same directory holds checkpoint.pt (model, optimiser, step, elapsed time, RNG states), replaced
+An artifact lives in <root>/<kind>-<hash of its config>/ (specrepro.drafts.artifacts: where artifacts live
+and how they load). While training, the same directory holds checkpoint.pt (model, optimiser, step, elapsed time, RNG states), replaced
 atomically, so rerunning an interrupted command with the same settings continues where it stopped.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -17,34 +15,22 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from . import feature, heads, shipped, small
-from .common import frequent_tokens
 from .distill import DATA_DEFAULTS, distill_data, merge
-from .lookup import LookupDraft
-from .truncated import TruncatedDraft
-from ..models import load_model, specrepro_home
-from ..engines.runners import context_window, vocab_size
+from .losses import LOSSES, frequent_tokens
+from ..drafts.artifacts import MARKER, VERSION, artifact_dir, draft_device, target_name
+from ..drafts.kinds import KINDS, TABLE, check_kind
+from ..models import load_model
 
-KINDS = ("small", "seqkd", "feature", "heads")
-VERSION = 2  # bump when a code change makes old artifacts and checkpoints incompatible
-MARKER = "complete.json"
-SEQKD_DEFAULTS = small.DEFAULTS | {"hard_weight": 0.5}
-KIND_DEFAULTS = {"small": small.DEFAULTS, "seqkd": SEQKD_DEFAULTS, "feature": feature.DEFAULTS,
-                 "heads": heads.DEFAULTS}
 # which cached target passes each kind learns from (see distill.py)
 KIND_SOURCES = {"small": ("text",), "seqkd": ("gen",), "feature": ("text", "gen"), "heads": ("text", "gen")}
 
 
-FREE_KINDS = ("lookup", "datastore", "truncated")  # training-free: load() builds them directly
-TRUNCATED_LAYERS = 4  # the cheap self-speculative baseline; TruncatedDraft(target, n) for others
-
-
-def check_kind(kind: str, allowed=KINDS) -> None:
-    if kind not in allowed:
-        raise ValueError(f"unknown draft kind {kind!r}; choose one of {', '.join(allowed)}")
+def build_net(kind: str, target, cfg: dict, keep: torch.Tensor | None):
+    """A fresh, untrained net of `kind` (the table's builder)."""
+    return TABLE[kind].build_net(target, cfg, keep)
 
 
 def make_config(kind: str, target_name: str, budget_minutes: float | None = 5.0, max_steps: int | None = None,
@@ -58,24 +44,11 @@ def make_config(kind: str, target_name: str, budget_minutes: float | None = 5.0,
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     base = {"version": VERSION, "kind": kind, "target": target_name, "seed": seed, "budget_minutes": budget_minutes,
-            "max_steps": max_steps} | DATA_DEFAULTS | KIND_DEFAULTS[kind]
+            "max_steps": max_steps} | DATA_DEFAULTS | TABLE[kind].defaults
     unknown = set(overrides) - set(base)
     if unknown:
         raise ValueError(f"unknown settings for {kind}: {sorted(unknown)}; known: {sorted(base)}")
     return base | overrides
-
-
-def config_hash(cfg: dict) -> str:
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def target_name(target) -> str:
-    return Path(str(target.config.name_or_path)).name or "target"
-
-
-def artifact_dir(cfg: dict, root: str | os.PathLike | None = None) -> Path:
-    root = Path(root) if root is not None else specrepro_home() / "drafts"
-    return root / f"{cfg['kind']}-{config_hash(cfg)}"
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -120,50 +93,8 @@ def window_length(cfg: dict) -> int:
     return cfg["window"] + (cfg["heads"] if cfg["kind"] == "heads" else 1)
 
 
-# ------------------------------------------------------------------------------------ models
-
-
-def build_net(kind: str, target, cfg: dict, keep: torch.Tensor | None):
-    if kind in ("small", "seqkd"):
-        return small.init_small(target, cfg, seed=cfg["seed"])
-    torch.manual_seed(cfg["seed"])
-    return (feature.FeatureNet if kind == "feature" else heads.HeadsNet)(target, cfg, keep)
-
-
-LOSSES = {"small": small.small_loss, "seqkd": small.small_loss, "feature": feature.feature_loss,
-          "heads": heads.heads_loss}
-
-
-def draft_device(target) -> torch.device:
-    """Where a draft for `target` runs: the device of the target's input ids (its embedding's)."""
-    from ..engines.runners import input_device
-
-    return input_device(target)
-
-
-def make_draft(kind: str, net, target):
-    if kind in ("small", "seqkd"):
-        return small.SmallDraft(net.eval())
-    return (feature.FeatureDraft if kind == "feature" else heads.HeadsDraft)(net, target)
-
-
 def trainable_state(net) -> dict:
     return {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-
-
-def tied_head(net) -> set[str]:
-    """The state-dict key of net's LM head when it is tied to the embedding (an HF model's config says so):
-    the same tensor, so an artifact stores it once, as the embedding."""
-    return {"lm_head.weight"} if getattr(getattr(net, "config", None), "tie_word_embeddings", False) else set()
-
-
-def load_weights(net, weights: dict) -> None:
-    """Load exported weights (any float dtype) into net; a tied LM head may be absent (it is the embedding)."""
-    missing, unexpected = net.load_state_dict(weights, strict=False)
-    tied = tied_head(net)
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"weights do not fit this draft: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")
 
 
 # ---------------------------------------------------------------------------------- training
@@ -248,7 +179,7 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
 
     data = training_data(target, tokenizer, cfg)
     keep = None
-    if kind in ("feature", "heads") and cfg["head_vocab"]:
+    if TABLE[kind].cuttable_head and cfg["head_vocab"]:
         keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
     device = draft_device(target)  # train where the target lives (a GPU); the data stays on the host
     net = build_net(kind, target, cfg, keep).to(device)
@@ -303,7 +234,7 @@ def train(kind: str, target="smollm2-135m-instruct", tokenizer=None, budget_minu
 
 
 def save_artifact(kind: str, net, cfg: dict, state: dict, out: Path) -> None:
-    if kind in ("small", "seqkd"):
+    if TABLE[kind].hf_model:
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         net.save_pretrained(tmp)  # a plain HF model directory, usable without specrepro
@@ -318,114 +249,3 @@ def save_artifact(kind: str, net, cfg: dict, state: dict, out: Path) -> None:
             "threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (out / f"{MARKER}.tmp").write_text(json.dumps(meta, indent=1))
     os.replace(out / f"{MARKER}.tmp", out / MARKER)  # last, and atomic: the artifact is complete
-
-
-# --------------------------------------------------------------------------------------- load
-
-
-def find_artifact(kind: str, target_name_: str, root=None) -> Path | None:
-    """The most recently completed artifact of `kind` for this target."""
-    root = Path(root) if root is not None else specrepro_home() / "drafts"
-    found = []
-    for d in root.glob(f"{kind}-*"):
-        if (d / MARKER).exists() and (d / "config.json").exists():
-            cfg = json.loads((d / "config.json").read_text())
-            if cfg.get("kind") == kind and cfg.get("target") == target_name_:
-                found.append(((d / MARKER).stat().st_mtime, d))
-    return max(found)[1] if found else None
-
-
-def artifacts_digest(kinds, root=None) -> str:
-    """A hash of every trained artifact of these kinds that `load` could pick (the cache's and the shipped
-    one, for any target): results keyed by it are recomputed when a draft is retrained or a new one ships."""
-    cache = Path(root) if root is not None else specrepro_home() / "drafts"
-    h = hashlib.sha256()
-    for kind in sorted(set(kinds) & set(KINDS)):
-        folders = sorted(cache.glob(f"{kind}-*")) + [shipped.shipped_root() / kind]
-        for marker in (d / MARKER for d in folders):
-            if marker.exists():
-                h.update(f"{kind}\0{marker.parent.name}\0".encode() + marker.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
-
-
-def load(kind: str, target="smollm2-135m-instruct", path=None, root=None, dtype: torch.dtype | None = None,
-         head_vocab: int | None = None, token_counts=None):
-    """A ready Draft from a trained artifact (the newest for this kind and target unless `path`).
-
-    With no `path` and no `root`, a kind the cache has no artifact of comes from the repository's shipped
-    artifacts (drafts/shipped.py), whose weights are checked against their recorded hash first.
-    dtype: what the draft computes in; default the target model's. Give the target runner's compute dtype
-    when it differs from the model's (a float32 model run by a bfloat16 LeanRunner): a bfloat16 draft step
-    costs about half a float32 one on CPU. The target model itself is never cast.
-    head_vocab (feature and heads drafts): cut the head to this many of its tokens, the most frequent by
-    token_counts ([V] counts; default: the tokens in the shipped datastore's target-written text, for the
-    target that wrote it), EOS always kept: FR-Spec's frequency-ranked head, a cheaper step for a lower
-    acceptance; lossless either way."""
-    from transformers import LlamaForCausalLM
-
-    check_kind(kind, KINDS + FREE_KINDS)
-    if head_vocab is not None and kind not in ("feature", "heads"):
-        raise ValueError(f"head_vocab cuts the frozen LM head of the feature and heads drafts; a {kind!r} draft "
-                         "has none to cut")
-    if isinstance(target, str):
-        target, _ = load_model(target)
-    if kind == "lookup":
-        return LookupDraft(vocab_size(target), context_window=context_window(target))
-    if kind == "truncated":
-        return TruncatedDraft(target, n_layers=TRUNCATED_LAYERS)
-    if kind == "datastore":  # the target's own text: the shipped token file, or `path` (a .jsonl[.gz] build)
-        from .datastore import load_datastore_draft
-
-        return load_datastore_draft(target, path, target_name=target_name(target))
-    name = target_name(target)
-    if path is None:
-        path = find_artifact(kind, name, root)
-    if path is None and root is None:  # nothing trained here: the artifact shipped with the repository
-        path = shipped.find_shipped(kind, name)
-        if path is not None:
-            shipped.verify(path)
-    path = Path(path) if path is not None else None
-    if path is None or not (path / MARKER).exists():
-        raise FileNotFoundError(
-            f"no trained {kind!r} draft for target {name!r} under {root or specrepro_home() / 'drafts'} "
-            f"and none shipped in {shipped.shipped_root()}; "
-            f"train one with: specrepro-drafts train {kind} --budget-minutes 5"
-        )
-    cfg = json.loads((path / "config.json").read_text())
-    if cfg["kind"] != kind or cfg["target"] != name:
-        raise ValueError(f"{path} holds a {cfg['kind']} draft for {cfg['target']}, not {kind} for {name}")
-    if dtype is None:
-        dtype = next(target.parameters()).dtype  # the draft computes in the target's dtype (bfloat16 too)
-    elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
-    try:
-        if kind in ("small", "seqkd") and (path / "model").is_dir():  # trained by trainer.train
-            model = LlamaForCausalLM.from_pretrained(path / "model")
-            return small.SmallDraft(model.to(device=draft_device(target), dtype=dtype).eval())
-        weights = load_file(str(path / "net.safetensors"))  # exported by longrun (shipped artifacts)
-        keep = weights["keep"] if "keep" in weights and weights["keep"].numel() else None
-        net = build_net(kind, target, cfg, keep)
-        load_weights(net, weights)
-        net.to(device=draft_device(target), dtype=dtype)  # beside the target: no per-step copies
-        if isinstance(net, feature.FrozenTargetParts):
-            net.attach(target, dtype)  # the borrowed embedding and head in the draft's dtype too
-    except Exception as err:  # noqa: BLE001 - never hand out a draft built from a damaged file
-        raise RuntimeError(
-            f"the {kind!r} draft artifact {path} is damaged ({type(err).__name__}: {err}); delete that directory "
-            f"and train again: specrepro-drafts train {kind}"
-        ) from None
-    if head_vocab is not None:
-        from .datastore import written_token_counts
-
-        counts = written_token_counts(name, net.vocab) if token_counts is None else token_counts
-        net.restrict(head_vocab, counts, special=eos_of(target))
-    return make_draft(kind, net, target)
-
-
-def eos_of(target) -> list[int]:
-    """The target's end-of-sequence ids (its config's and generation config's)."""
-    ids = []
-    for cfg in (target.config, getattr(target, "generation_config", None)):
-        eos = getattr(cfg, "eos_token_id", None)
-        ids += [eos] if isinstance(eos, int) else list(eos or [])
-    return sorted(set(ids))

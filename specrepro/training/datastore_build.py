@@ -166,7 +166,7 @@ def ship(build_file: Path, to: Path, settings: dict) -> dict:
     import gzip
     import subprocess
 
-    from .datastore import Datastore
+    from ..drafts.datastore import Datastore
 
     records = read_records(build_file)
     if not records:
@@ -239,7 +239,7 @@ def main(argv=None):
                         seed=args.seed)
         print(f"{len(records)} records, {sum(len(r['tokens']) for r in records)} target-written tokens in {args.out}")
         return records
-    from .datastore import Datastore, shipped_tokens
+    from ..drafts.datastore import Datastore, shipped_tokens
 
     if args.command == "ship":
         settings = {"target": "smollm2-135m-instruct", "runner": args.runner, "news_train_articles": args.news,
