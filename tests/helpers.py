@@ -4,6 +4,7 @@ losslessness tests, the lean runner's chunked feeding, a fixed token tree, and a
 Test modules import it as `helpers` (pytest puts tests/ on the path through tests/conftest.py).
 """
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
@@ -23,14 +24,25 @@ EOS = 1  # the default eos_token_id of specrepro.stats.toy.tiny_llama
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
 
 
-def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128, hidden=32, ffn=None,
+          logit_scale=None, **config):
+    """A tiny random LlamaForCausalLM, the same weights for the same arguments (torch seeded with `seed`).
+
+    ffn: the MLP width (default 2 * hidden); logit_scale: the LM head multiplied by it (peaked distributions);
+    config: any other LlamaConfig field (initializer_range, attention_bias, rms_norm_eps, ...). Token 0 is BOS,
+    1 is EOS and padding. (specrepro.stats.toy.tiny_llama is the 5-token model of the losslessness harness.)"""
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
-        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    return LlamaForCausalLM(config).eval()
+    config = LlamaConfig(**{
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": ffn or 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": window,
+        "rope_theta": 1e4, "tie_word_embeddings": tied, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
+        **config,
+    })
+    model = LlamaForCausalLM(config).eval()
+    if logit_scale is not None:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
+    return model
 
 
 def run_chunks(runner, ids, chunks=CHUNKS):
@@ -174,6 +186,43 @@ def kv(runner):
     if isinstance(runner, HFRunner):
         return [t for layer in runner.cache.layers for t in (layer.keys, layer.values)]
     return [runner.k_cache[..., : runner.length, :], runner.v_cache[..., : runner.length, :]]
+
+
+# --- the host-read trap (tests/engines/test_gpu_session_runners.py, tests/drafts/test_draft_devices.py) ------------
+
+# calls that copy a device tensor to the host, i.e. wait for the device
+SYNCING = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
+           torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
+           torch.Tensor.masked_select, torch.masked_select}
+
+
+class HostSyncs(TorchFunctionMode):
+    """Records every call that reads a tensor on the host, which on a GPU waits for the device: .cpu(),
+    .numpy(), .item(), .tolist(), bool(), int(), float(), use as an index, nonzero, masked_select,
+    one-argument torch.where, and .to() the CPU: of a tensor that is not on the CPU, or with "cpu" written
+    out (on a CPU run every tensor is on the CPU already, and the code would copy on a GPU)."""
+
+    COPIES = ("cpu", "numpy", "to('cpu')")  # the calls that copy a whole tensor, not a value read
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def copies(self):
+        """The recorded calls that copy a tensor to the host (a draft may read values on the host, never copy)."""
+        return [c for c in self.calls if c in self.COPIES]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SYNCING:
+            self.calls.append(func.__name__)
+        elif func is torch.where and len(args) + len(kwargs) == 1:
+            self.calls.append("where(condition)")
+        elif func is torch.Tensor.to:
+            where = kwargs.get("device", args[1] if len(args) > 1 else None)
+            if str(where).startswith("cpu") and (args[0].device.type != "cpu" or isinstance(where, str)):
+                self.calls.append("to('cpu')")
+        return func(*args, **kwargs)
 
 
 # --- tokenizers ---------------------------------------------------------------------------------------
