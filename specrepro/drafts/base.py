@@ -208,14 +208,24 @@ class ModelDraft(Draft):
 def default_runner(model):
     """How a model draft runs: on a CUDA device, a Llama-family model resident on one GPU runs in the
     static-shape runner with captured graphs (engines/static.py: a draft step of a small model is pure
-    launch overhead in eager mode); anything else in the HF runner."""
-    from ..engines.lean import is_llama_like
+    launch overhead in eager mode); on the CPU, a bfloat16 Llama-family model runs in the native pass where it
+    is built here (engines/native.py: the target's own kernels, its cache and rollback, one C++ call per step
+    instead of the HF model's dozens of torch ops); anything else in the HF runner."""
+    from ..engines.lean import LeanRunner, is_llama_like
     from ..engines.runners import input_device, split_reason
 
-    if input_device(model).type == "cuda" and is_llama_like(model) and split_reason(model) is None:
+    device = input_device(model)
+    if not is_llama_like(model) or split_reason(model) is not None:
+        return HFRunner(model)
+    if device.type == "cuda":
         from ..engines.static import StaticRunner
 
         return StaticRunner(model, dtype=None)
+    if device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16:
+        from ..engines import native
+
+        if native.unavailable_reason(torch.bfloat16, device) is None:
+            return LeanRunner(model, dtype=torch.bfloat16, backend="native")
     return HFRunner(model)
 
 

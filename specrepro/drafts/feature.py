@@ -17,8 +17,10 @@ from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logit
 from .layers import DecoderLayer, KVCache, RMSNorm
 from ..engines.kernels import inference_linear
 
+# ttt_steps: the training-time-test unroll (1: the draft learns one step from the target's features only);
+# written_only: the loss on target-written positions only (specrepro.training.losses.feature_loss)
 DEFAULTS = {"ffn": 1536, "head_vocab": 16384, "reg_weight": 1.0, "noise": 0.1, "lr": 2e-3,
-            "batch": 4, "window": 128}
+            "batch": 4, "window": 128, "ttt_steps": 1, "written_only": False}
 
 
 def _rope_theta(config) -> float:

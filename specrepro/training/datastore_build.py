@@ -9,7 +9,7 @@ specrepro-drafts datastore info [--path FILE]
 Prompts (never HumanEval, never the held-out news articles):
 - news: the summarisation request (specrepro.tasks.news.summarisation_prompt, as the evaluation asks it) for
   each article of the news TRAIN split;
-- code: module-level public functions of CPython's standard library (drafts/corpus.stdlib_files), signature
+- code: module-level public functions of CPython's standard library (training/corpus.stdlib_files), signature
   and docstring, asked as HumanEval's chat prompt asks (specrepro.tasks.humaneval.code_prompt).
 The target (LeanRunner, bfloat16, the native pass where it builds, else the default backend) writes greedy
 continuations, stopping at EOS. Results are appended to a JSONL file one piece at a time (each piece one

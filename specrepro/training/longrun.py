@@ -99,7 +99,8 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
         "total_positions": len(data["tokens"]),
         "never_read": "HumanEval, news eval split",
     }
-    data["gen_mask"] = torch.ones_like(data["gen_mask"])  # feature/heads learn every position
+    if not cfg.get("written_only"):
+        data["gen_mask"] = torch.ones_like(data["gen_mask"])  # feature/heads learn every position
     return data, len(paths), manifest
 
 

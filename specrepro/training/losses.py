@@ -63,20 +63,61 @@ def reduced_soft_targets(top_ids, top_p, rest, keep: torch.Tensor, vocab: int):
 
 
 def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
-    """Match h_{t+1} (smooth L1) and the target's distribution of token t+2 (soft CE), from noisy h_t."""
+    """Match h_{t+1} (smooth L1) and the target's distribution of token t+2 (soft CE), from noisy h_t; with
+    cfg's ttt_steps J > 1, also steps 2..J of a training-time-test unroll (EAGLE-3, HASS): step j feeds step
+    j - 1's own outputs, as drafting does, and learns the target's features and distribution j positions on.
+    The loss is the mean over steps; positions outside batch["mask"] (the target-written ones where
+    written_only) carry none."""
+    steps = int(cfg.get("ttt_steps", 1))
     h = batch["hidden"].float()
-    inp = h[:, :-1]
+    width = h.shape[1] - steps  # roots r = 0..width-1; step j's output at root r stands for position r + j
     # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
-    inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.std()
-    t = inp.shape[1]
-    f = net.step(inp, batch["tokens"][:, 1:], torch.arange(t, device=inp.device))
-    reg = F.smooth_l1_loss(f, h[:, 1:])
+    inp = h[:, :width] + cfg["noise"] * torch.randn_like(h[:, :width]) * h[:, :width].std()
+    outs = unroll(net, inp, batch["tokens"], steps)
+    return sum(_step_loss(net, f, h[:, j : j + width], batch, j, width, cfg) for j, f in enumerate(outs, 1)) / steps
+
+
+def unroll(net: FeatureNet, inp: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The outputs [B, width, H] of steps 1..`steps` from features inp [B, width, H] at roots 0..width-1 and
+    tokens [B, width + steps]: step 1 reads inp and token r + 1, step j the output of step j - 1 and token r + j,
+    each query attending as drafting from root r does (unroll_mask)."""
+    width = inp.shape[1]
+    feats, ids, outs = [inp], [tokens[:, 1 : 1 + width]], []
+    for j in range(1, steps + 1):
+        f = net.step(torch.cat(feats, 1), torch.cat(ids, 1), unroll_positions(j, width, inp.device),
+                     mask=unroll_mask(j, width, inp.device))[:, -width:]
+        outs.append(f)
+        feats.append(f)
+        ids.append(tokens[:, j + 1 : j + 1 + width])
+    return outs
+
+
+def _step_loss(net, f, h_next, batch, j: int, width: int, cfg: dict) -> torch.Tensor:
+    """Step j's outputs against the target: its features at r + j and its distribution of token r + j + 1
+    (cached at index r + j)."""
+    reg = F.smooth_l1_loss(f, h_next)
     logp = net.logits(f).float().log_softmax(-1).flatten(0, 1)
-    ids, p, rest = batch["top_ids"][:, 1:], batch["top_p"][:, 1:], batch["rest"][:, 1:]
+    ids, p, rest = (batch[name][:, j : j + width] for name in ("top_ids", "top_p", "rest"))
     if net.keep_ids is not None:
         ids, p, rest = reduced_soft_targets(ids, p, rest, net.keep, net.vocab)
-    soft = soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), batch["mask"][:, 1:].flatten().float())
-    return soft + cfg["reg_weight"] * reg
+    mask = batch["mask"][:, j : j + width].flatten().float()
+    return soft_ce(logp, ids.flatten(0, 1), p.flatten(0, 1), rest.flatten(), mask) + cfg["reg_weight"] * reg
+
+
+def unroll_positions(steps: int, width: int, device=None) -> torch.Tensor:
+    """RoPE positions of steps 1..`steps` laid side by side: step i's output at root r sits at r + i - 1."""
+    return torch.cat([torch.arange(width, device=device) + i for i in range(steps)])
+
+
+def unroll_mask(steps: int, width: int, device=None) -> torch.Tensor:
+    """[steps * width]^2 bool: which keys each query of the unroll sees, as at decode time: step i at root r
+    sees the real positions up to r (step 1's keys) and its own chain (steps 2..i at root r), nothing else."""
+    n = steps * width
+    step = torch.arange(n, device=device) // width
+    root = torch.arange(n, device=device) % width
+    real = (step[None, :] == 0) & (root[None, :] <= root[:, None])
+    chain = (step[None, :] > 0) & (root[None, :] == root[:, None]) & (step[None, :] <= step[:, None])
+    return real | chain
 
 
 def heads_loss(net: HeadsNet, batch: dict, cfg: dict) -> torch.Tensor:

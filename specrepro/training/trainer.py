@@ -59,8 +59,8 @@ def training_data(target, tokenizer, cfg: dict) -> dict:
     data = parts[0] if len(parts) == 1 else merge(parts)
     if cfg["kind"] in ("small", "seqkd"):
         data.pop("hidden", None)  # token models never read it; saves memory
-    if cfg["kind"] != "seqkd":
-        data["gen_mask"] = torch.ones_like(data["gen_mask"])  # seqkd alone learns only target-written text
+    if cfg["kind"] != "seqkd" and not cfg.get("written_only"):  # seqkd learns only target-written text
+        data["gen_mask"] = torch.ones_like(data["gen_mask"])
     return data
 
 
@@ -90,7 +90,9 @@ def get_batch(data: dict, starts: torch.Tensor, cfg: dict, length: int, gen: tor
 
 
 def window_length(cfg: dict) -> int:
-    return cfg["window"] + (cfg["heads"] if cfg["kind"] == "heads" else 1)
+    """Positions a training window holds: the roots plus what the last one's targets reach (every head's, or
+    every step of the training-time-test unroll)."""
+    return cfg["window"] + (cfg["heads"] if cfg["kind"] == "heads" else cfg.get("ttt_steps", 1))
 
 
 def trainable_state(net) -> dict:

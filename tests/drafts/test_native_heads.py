@@ -71,3 +71,22 @@ def test_sampled_proposals_come_with_the_rows_they_were_drawn_from():
     tokens, rows = draft.propose(PROMPT, 3, sampling, torch.Generator().manual_seed(0), target_hidden=hidden)
     assert rows.shape == (3, draft.vocab_size) and torch.allclose(rows.sum(-1), torch.ones(3), atol=1e-5)
     assert (rows[torch.arange(3), tokens] > 0).all()
+
+
+@pytest.mark.slow
+def test_step_cost_cli_times_each_way_a_draft_step_runs(tmp_path, smollm):
+    import json
+    import os
+
+    from specrepro.experiments import step_cost
+
+    out = tmp_path / "step_cost.json"
+    rows = step_cost.main(["--drafts", "heads:1024", "small", "--reps", "3", "--threads", "1", "--out", str(out)])
+    assert [(r["draft"], r["step"]) for r in rows] == [("heads:1024", "native"), ("heads:1024", "torch"),
+                                                       ("small", "native"), ("small", "torch")]
+    assert all(r["draft_ms"] > 0 and r["c"] == pytest.approx(r["draft_ms"] / r["target_one_token_ms"]) for r in rows)
+    meta = json.loads(out.read_text())["meta"]
+    assert {"commit", "dirty", "code_digest"} <= set(meta["provenance"]) and meta["machine"]["cpu_count"] >= 1
+    assert not os.path.isabs(meta["args"]["out"])
+    with pytest.raises(SystemExit):
+        step_cost.main(["--reps", "1"])
