@@ -34,12 +34,20 @@ setup: $(STAMP)
 notebooks: setup
 	$(VENV)/bin/specrepro-reproduce --sync
 
-# unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults
+# pytest-xdist workers (auto: one per core; the tests run torch on one thread each, tests/conftest.py). Each
+# file runs whole in one worker (--dist loadfile): a module's shared fixtures are built once, a notebook's
+# cells run in order in one kernel. (loadgroup's xdist_group marks have no effect with pytest 9.2: xdist 3.8
+# renames the node id through an attribute pytest no longer reads.)
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# unit, statistical and parity tests, plus nbval executing every notebook at its (smoke) defaults; the output
+# ends with the 25 slowest tests
 test: notebooks
-	$(PY) -m pytest -q -p no:cacheprovider tests runs/notebooks/ --nbval-lax --nbval-current-env
+	$(PYTEST) tests runs/notebooks/ --nbval-lax --nbval-current-env
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not notebooks" tests
+	$(PYTEST) -m "not slow and not notebooks" tests
 
 # RETRAIN=1 make reproduce: retrain the shipped drafts from scratch first (make drafts), then reproduce with them.
 # The cpu profile rewrites figures/ and then renders README.md's and docs/results.md's result blocks from it

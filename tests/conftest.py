@@ -31,3 +31,4 @@ def truncated_draft(smollm):
     draft = LlamaForCausalLM(type(target.config).from_dict(config)).eval()
     draft.load_state_dict(target.state_dict(), strict=False)
     return draft
+

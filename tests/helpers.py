@@ -4,12 +4,14 @@ losslessness tests, the lean runner's chunked feeding, a fixed token tree, and a
 Test modules import it as `helpers` (pytest puts tests/ on the path through tests/conftest.py).
 """
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
 from specrepro.algorithm.tree import Tree
 from specrepro.drafts import Datastore, DatastoreDraft, FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft, TruncatedDraft
-from specrepro.engines.runners import HFRunner
+from specrepro.drafts import as_draft
+from specrepro.engines.runners import HFRunner, as_runner
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
 from specrepro.stats.toy import tiny_llama
 
@@ -22,14 +24,25 @@ EOS = 1  # the default eos_token_id of specrepro.stats.toy.tiny_llama
 CHUNKS = [(0, 7), (7, 10), (8, 13), (13, 14), (14, 19), (15, 16), (16, 30)]
 
 
-def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128):
+def llama(seed=0, vocab=50, layers=2, heads=4, kv_heads=2, tied=False, window=128, hidden=32, ffn=None,
+          logit_scale=None, **config):
+    """A tiny random LlamaForCausalLM, the same weights for the same arguments (torch seeded with `seed`).
+
+    ffn: the MLP width (default 2 * hidden); logit_scale: the LM head multiplied by it (peaked distributions);
+    config: any other LlamaConfig field (initializer_range, attention_bias, rms_norm_eps, ...). Token 0 is BOS,
+    1 is EOS and padding. (specrepro.stats.toy.tiny_llama is the 5-token model of the losslessness harness.)"""
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window,
-        rope_theta=1e4, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    return LlamaForCausalLM(config).eval()
+    config = LlamaConfig(**{
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": ffn or 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": window,
+        "rope_theta": 1e4, "tie_word_embeddings": tied, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
+        **config,
+    })
+    model = LlamaForCausalLM(config).eval()
+    if logit_scale is not None:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
+    return model
 
 
 def run_chunks(runner, ids, chunks=CHUNKS):
@@ -49,7 +62,24 @@ def run_chunks(runner, ids, chunks=CHUNKS):
 
 L = 3  # tokens of the joint distribution
 PROMPT = torch.tensor([0, 3])
-N_CHAIN = 3000  # samples per chain configuration
+# samples per chain configuration: its power is stated and checked in tests/algorithm/test_lossless.py
+N_CHAIN = 1000
+
+
+def stop_at_outcome(new_tokens):
+    """stop_when for the harnesses: the outcome is the first L tokens, so a generation ends once it has
+    them (a stop never changes the tokens before it: specrepro.algorithm.speculative.StopRule). Later
+    loops could not change the outcome; max_new_tokens still lets the first loop draft its full lookahead."""
+    return len(new_tokens) >= L
+
+
+def chisquare_power(n, w2, cells, alpha):
+    """Power of chisquare_fit's test at level `alpha` with `cells` cells (df = cells - 1) against a
+    sampler whose outcome distribution pi is at effect size w2 = sum (pi - e)^2 / e from the exact e:
+    P(noncentral chi-square(df, n * w2) > the central one's 1 - alpha quantile)."""
+    from scipy.stats import chi2, ncx2
+
+    return float(ncx2.sf(chi2.ppf(1 - alpha, cells - 1), cells - 1, n * w2))
 
 
 # a tiny in-memory datastore over the 5-token vocabulary: several continuations of most suffixes, so that
@@ -79,27 +109,31 @@ def draw_chain(target, draft, k, sampling, eos, seed, n=N_CHAIN, rules=None):
     """n chain SpS generations after PROMPT, truncated to L tokens; and how many loops took the bonus token.
     rules: a deliberately wrong sampler's rules (specrepro.experiments.wrong), or None."""
     g = torch.Generator().manual_seed(seed)
+    # wrapped once (a runner and a proposer are reset by every call), not once per sample
+    target, draft = as_runner(target), as_draft(draft)
     outcomes, bonus_loops = [], 0
     for _ in range(n):
         gen = sr.speculative_generate(
             target, draft, PROMPT, max_new_tokens=max(L, k + 1), lookahead=k,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            eos_token_id=eos, generator=g, _rules=rules,
+            eos_token_id=eos, generator=g, stop_when=stop_at_outcome, _rules=rules,
         )
         outcomes.append(truncate_outcome(gen.tokens, L, eos))
         bonus_loops += sum(a == p > 0 for a, p in zip(gen.accepted, gen.proposed))
     return outcomes, bonus_loops
 
 
-def fit_chain(target, draft, k, sampling, eos, seed, rules=None):
+def fit_chain(target, draft, k, sampling, eos, seed, rules=None, model=None):
+    """model: the HF model behind `target` when that is a runner (the exact joint needs the model)."""
     outcomes, bonus_loops = draw_chain(target, draft, k, sampling, eos, seed, rules=rules)
-    expected = exact_joint(target, PROMPT, L, sampling, eos)
+    expected = exact_joint(model or target, PROMPT, L, sampling, eos)
     return chisquare_fit(outcomes, expected), outcomes, bonus_loops
 
 
 # --- the tree losslessness harness and a fixed tree (tests/algorithm/test_tree.py) -------------------------
 
-N_TREE = 2000  # samples per tree configuration
+# samples per tree configuration: its power is stated and checked in tests/algorithm/test_tree.py
+N_TREE = 1200
 
 
 def draw_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, rules=None):
@@ -107,11 +141,13 @@ def draw_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, rules=None):
     nothing (the final residual), and generations that accepted any node. rules: a deliberately wrong
     rule's (specrepro.experiments.wrong), or None."""
     g = torch.Generator().manual_seed(seed)
+    target, draft = as_runner(target), as_draft(draft)
     outcomes, stats = [], {"full_path": 0, "rejected_all": 0, "accepted_any": 0}
     for _ in range(n):
         gen = sr.speculative_generate(
             target, draft, PROMPT, max_new_tokens=max(L, spec.depth + 1), temperature=sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec, _rules=rules,
+            top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos, generator=g, tree=spec,
+            stop_when=stop_at_outcome, _rules=rules,
         )
         outcomes.append(truncate_outcome(gen.tokens, L, eos))
         stats["full_path"] += gen.accepted[0] == spec.depth
@@ -150,6 +186,43 @@ def kv(runner):
     if isinstance(runner, HFRunner):
         return [t for layer in runner.cache.layers for t in (layer.keys, layer.values)]
     return [runner.k_cache[..., : runner.length, :], runner.v_cache[..., : runner.length, :]]
+
+
+# --- the host-read trap (tests/engines/test_gpu_session_runners.py, tests/drafts/test_draft_devices.py) ------------
+
+# calls that copy a device tensor to the host, i.e. wait for the device
+SYNCING = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
+           torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
+           torch.Tensor.masked_select, torch.masked_select}
+
+
+class HostSyncs(TorchFunctionMode):
+    """Records every call that reads a tensor on the host, which on a GPU waits for the device: .cpu(),
+    .numpy(), .item(), .tolist(), bool(), int(), float(), use as an index, nonzero, masked_select,
+    one-argument torch.where, and .to() the CPU: of a tensor that is not on the CPU, or with "cpu" written
+    out (on a CPU run every tensor is on the CPU already, and the code would copy on a GPU)."""
+
+    COPIES = ("cpu", "numpy", "to('cpu')")  # the calls that copy a whole tensor, not a value read
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def copies(self):
+        """The recorded calls that copy a tensor to the host (a draft may read values on the host, never copy)."""
+        return [c for c in self.calls if c in self.COPIES]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SYNCING:
+            self.calls.append(func.__name__)
+        elif func is torch.where and len(args) + len(kwargs) == 1:
+            self.calls.append("where(condition)")
+        elif func is torch.Tensor.to:
+            where = kwargs.get("device", args[1] if len(args) > 1 else None)
+            if str(where).startswith("cpu") and (args[0].device.type != "cpu" or isinstance(where, str)):
+                self.calls.append("to('cpu')")
+        return func(*args, **kwargs)
 
 
 # --- tokenizers ---------------------------------------------------------------------------------------

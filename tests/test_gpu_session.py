@@ -71,8 +71,7 @@ def test_the_deadline_stops_stages_and_fails_the_run(tmp_path):
 def test_notebooks_are_skipped_without_papermill(monkeypatch, tmp_path):
     import importlib.util
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    import gpu_session
+    import gpu_session  # tests/ is on the path (pytest's rootdir conftest, as for helpers)
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "papermill" else real(name, *a))

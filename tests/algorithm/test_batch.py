@@ -1,9 +1,9 @@
 """Batched SpS: per-row cache lengths give the single-row logits, and greedy rows equal greedy ArS."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import specrepro as sr
+import helpers
 from helpers import EOS, tiny_llama
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.stats.exact import chisquare_fit, exact_joint, truncate_outcome
@@ -13,15 +13,8 @@ from specrepro.engines.lean import LeanRunner
 
 
 def llama(seed, layers=2):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4)  # peaked distributions: the draft gets some tokens right
-    return model
+    # peaked distributions (LM head x 4): the draft gets some tokens right
+    return helpers.llama(seed, vocab=40, layers=layers, window=256, logit_scale=4)
 
 
 def test_batch_runner_rows_match_single_runner():

@@ -4,38 +4,61 @@ Two tiny random Llamas (draft != target) over a 5-token vocabulary; the exact jo
 the first L tokens under the target (with the sampling transforms, EOS absorbing) is enumerated with
 uncached forwards, and SpS samples are tested against it by chi-square. Family-wise alpha 0.01,
 Bonferroni-corrected over the correct configurations; the wrong samplers must fail at the same level.
+
+Sample size (helpers.N_CHAIN = 1000 per configuration), sized by power: the subtlest deliberately wrong
+sampler here, resampling from q instead of the residual at a rejection, moves the joint distribution by
+an effect size w^2 = sum (pi - e)^2 / e of about 0.09 (measured on 3000 samples; the others: unnormalised
+residual ~1.4, bonus off by one ~0.2, inverted ratio ~3, pre-transform p ~0.14). At the corrected alpha
+and up to 45 cells, 1000 samples reject a shift of w^2 = 0.09 with power >= 0.99
+(test_the_sample_size_has_the_stated_power); 3000 samples had power ~1 - 1e-9, three times the cost.
 """
 import pytest
 import torch
 
-from helpers import DRAFTS, EOS, L, PROMPT, fit_chain as fit, tiny_llama
+from helpers import DRAFTS, EOS, L, N_CHAIN, PROMPT, chisquare_power, fit_chain as fit, tiny_llama
 from specrepro import speculative_generate
 from specrepro.experiments import wrong as wrong_samplers
 from specrepro.drafts import HybridDraft, ModelDraft
+from specrepro.engines.lean import LeanRunner
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.stats.exact import exact_joint
 
 
-# (lookahead, temperature, top_k, top_p, eos)
+# (lookahead, temperature, top_k, top_p, eos, runner): runner: target and draft run as HF models (hf) or in
+# specrepro.engines.lean (lean, about twice as fast here), so both runners' chain passes are covered: every
+# lookahead at temperature 1 and the combined transforms through the HF runner, the rest in the lean runner
 CONFIGS = [
-    (k, t, None, None, EOS) for k in (1, 2, 4, 7) for t in (0.5, 1.0, 1.5)
+    (k, t, None, None, EOS, "hf" if t == 1.0 else "lean") for k in (1, 2, 4, 7) for t in (0.5, 1.0, 1.5)
 ] + [
-    (4, 1.0, 3, None, EOS),
-    (4, 1.2, None, 0.8, EOS),
-    (2, 0.8, 4, 0.9, EOS),
-    (3, 1.0, None, None, None),  # no EOS: every outcome is a full L-tuple
+    (4, 1.0, 3, None, EOS, "lean"),
+    (4, 1.2, None, 0.8, EOS, "lean"),
+    (2, 0.8, 4, 0.9, EOS, "hf"),
+    (3, 1.0, None, None, None, "hf"),  # no EOS: every outcome is a full L-tuple
 ]
 # the correct configurations, the draft strategies and the no-bonus control share one family
 ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
+W2_DESIGN = 0.09  # the smallest shift the tests must catch (resampling from q: see the module docstring)
+MAX_CELLS = 45  # more than any configuration here has at N_CHAIN samples (up to ~32)
 
 
-@pytest.mark.parametrize("k, temperature, top_k, top_p, eos", CONFIGS)
-def test_sps_matches_exact_target_joint(tiny_pair, k, temperature, top_k, top_p, eos):
+def test_the_sample_size_has_the_stated_power():
+    assert chisquare_power(N_CHAIN, W2_DESIGN, MAX_CELLS, ALPHA) >= 0.99
+    # and the check has teeth: half the samples would not have it
+    assert chisquare_power(N_CHAIN // 2, W2_DESIGN, MAX_CELLS, ALPHA) < 0.9
+
+
+@pytest.mark.parametrize("k, temperature, top_k, top_p, eos, runner", CONFIGS)
+def test_sps_matches_exact_target_joint(tiny_pair, k, temperature, top_k, top_p, eos, runner):
     target, draft = tiny_pair
     sampling = SamplingConfig(temperature, top_k, top_p)
-    result, outcomes, bonus_loops = fit(target, draft, k, sampling, eos, seed=CONFIGS.index((k, temperature, top_k, top_p, eos)))
+    seed = CONFIGS.index((k, temperature, top_k, top_p, eos, runner))
+    if runner == "lean":
+        result, outcomes, bonus_loops = fit(LeanRunner(target), ModelDraft(LeanRunner(draft)), k, sampling, eos, seed,
+                                            model=target)
+    else:
+        result, outcomes, bonus_loops = fit(target, draft, k, sampling, eos, seed)
     assert result.pvalue > ALPHA, result
-    assert result.cells >= 5, "too few cells for the test to mean anything"
+    assert 5 <= result.cells <= MAX_CELLS, "too few cells for the test to mean anything, or more than its power allows"
     assert bonus_loops > 0, "the all-accepted bonus path never ran"
     if eos is not None:
         assert any(len(o) < L for o in outcomes), "no sample stopped early at EOS"
@@ -46,7 +69,9 @@ def test_every_draft_kind_is_lossless(name, factory):
     target = tiny_llama(0, layers=2)
     draft = factory(target, tiny_llama(1))
     sampling = SamplingConfig(1.0)
-    result, outcomes, bonus_loops = fit(target, draft, 3, sampling, EOS, seed=200 + [n for n, _ in DRAFTS].index(name))
+    # the target in the lean runner (faster; the HF runner's chain pass is covered by CONFIGS)
+    result, outcomes, bonus_loops = fit(LeanRunner(target), draft, 3, sampling, EOS,
+                                        seed=200 + [n for n, _ in DRAFTS].index(name), model=target)
     assert result.pvalue > ALPHA, result
     assert bonus_loops > 0
     if isinstance(draft, HybridDraft):  # both proposers took part

@@ -8,6 +8,10 @@ Three layers of evidence:
    top-p, a node budget, EOS inside the tree, both runners, every draft kind;
 3. the wrong multi-candidate rules of specrepro.experiments.wrong are rejected by both harnesses (power).
 Family-wise alpha 0.01, Bonferroni-corrected over every correct configuration below (one family).
+End-to-end sample size (helpers.N_TREE = 1200 per configuration), sized by power: the subtlest wrong rule,
+"fallback to q", moves the joint by w^2 = sum (pi - e)^2 / e ~ 0.075 (noncentrality ~150 at 2000 samples,
+by exact enumeration of the first token); at the corrected alpha and up to 45 cells 1200 samples reject
+it with power >= 0.99 (test_the_sample_size_has_the_stated_power).
 Plus: width 1 is the chain token for token, the tree mask and KV compaction against fresh forwards,
 greedy tree == greedy ArS == HF generate on the real target, bad input.
 """
@@ -26,7 +30,7 @@ from specrepro.engines.runners import HFRunner
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.stats.exact import exact_joint
 from specrepro.algorithm.tree import Tree, TreeSpec
-from helpers import DRAFTS, L, PROMPT, check_tree_logits, fit_tree, fixed_tree, kv
+from helpers import DRAFTS, L, N_TREE, PROMPT, check_tree_logits, chisquare_power, fit_tree, fixed_tree, kv
 
 N_RULE = 20000  # samples per rule-level configuration (no model: cheap)
 V_RULE = 6
@@ -63,6 +67,13 @@ RULES = [
 ]
 TREE_DRAFTS = DRAFTS  # every draft kind of test_lossless
 ALPHA = 0.01 / (len(CONFIGS) + len(RULES) + len(TREE_DRAFTS) + 1)  # + the power draft's correct run
+W2_DESIGN = 0.075  # the smallest shift the end-to-end tests must catch ("fallback to q": the docstring)
+MAX_CELLS = 45  # more than any end-to-end configuration has at N_TREE samples
+
+
+def test_the_sample_size_has_the_stated_power():
+    assert chisquare_power(N_TREE, W2_DESIGN, MAX_CELLS, ALPHA) >= 0.99
+    assert chisquare_power(N_TREE // 2, W2_DESIGN, MAX_CELLS, ALPHA) < 0.9  # the check has teeth
 
 # wrong draft children beside a seeded (hybrid) node's forced tokens, in place of growing.draft_children
 WRONG_SEEDED = [
@@ -186,7 +197,7 @@ def test_tree_sps_matches_exact_target_joint(tiny_pair, width, depth, temperatur
         result, outcomes, stats = fit_tree(target, draft, spec, sampling, eos, seed)
     print(result)
     assert result.pvalue > ALPHA, result
-    assert result.cells >= 5, "too few cells for the test to mean anything"
+    assert 5 <= result.cells <= MAX_CELLS, "too few cells for the test to mean anything, or more than its power allows"
     assert stats["full_path"] > 0, "no first loop accepted a full path: the leaf's bonus token went untested"
     assert stats["rejected_all"] > 0, "no first loop rejected every child: the final residual went untested"
     if eos is not None:

@@ -7,8 +7,8 @@ import csv
 import json
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import llama
 from specrepro.bench import harness as bench
 from specrepro.stats import speedup
 from specrepro.experiments import workloads
@@ -17,13 +17,7 @@ from specrepro.stats.speedup import loop_cost_bound
 
 
 def tiny(seed, layers=2):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    return LlamaForCausalLM(config).eval()
+    return llama(seed, vocab=64, layers=layers, tied=True)
 
 
 def test_bench_end_to_end_writes_csv_and_json(tmp_path):

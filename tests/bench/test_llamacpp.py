@@ -8,8 +8,8 @@ saying so; the argument checks run either way. No timing assertions: a benchmark
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import llama
 from specrepro.bench import harness as bench
 from specrepro.bench import llamacpp
 from specrepro.drafts.lookup import LookupDraft
@@ -22,13 +22,7 @@ VOCAB = 64
 
 
 def tiny(seed=0, layers=2):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, rms_norm_eps=1e-5,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = llama(seed, vocab=VOCAB, layers=layers, tied=True, window=256, hidden=64, rms_norm_eps=1e-5)
     with torch.no_grad():  # larger weights than HF's init: logit gaps well above float32 round-off
         for p in model.parameters():
             if p.dim() == 2:

@@ -1,17 +1,14 @@
 """The per-op profile of a one-token pass (specrepro.bench.ops) on a tiny model: shapes of the result only."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import llama
 from specrepro.bench import ops
 from specrepro.engines.lean import LeanRunner
 
 
 def test_profile_groups_every_op_of_a_one_token_pass():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128)
-    runner = LeanRunner(LlamaForCausalLM(config).eval(), dtype=torch.float32)
+    runner = LeanRunner(llama(0, vocab=64), dtype=torch.float32)
     runner.prefill(torch.arange(20) % 64)
     out = ops.profile_ops(runner, 20, passes=3)
     assert out["groups"]["linear"] > 0 and out["groups"]["attention"] > 0

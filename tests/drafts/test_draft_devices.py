@@ -5,7 +5,8 @@ to the host: the feature draft crashed on an H200 for exactly that (ids on the C
 embedding on cuda:0). Here every draft kind proposes (chain and tree) with traps set:
 - chain: the default device is "meta" while a proposal runs, so a tensor created without `device=` is a
   meta tensor, which the first op that mixes it with a real one refuses (and which cannot be returned);
-- chain and tree: `.cpu()`, `.numpy()` and `.to("cpu")` calls are recorded: on CUDA each is a copy to the
+- chain and tree: `.cpu()`, `.numpy()` and `.to("cpu")` calls are recorded (helpers.HostSyncs, whose copies()
+  these are; the value reads it also records, .item() and the like, a draft may make): on CUDA each is a copy to the
   host. (A tree's shape is decided on the host by design, specrepro.algorithm.tree: its masks and slot lists are
   built there and copied over once per level, so the meta trap does not apply to trees.)
 The trained drafts load onto the target's device (checked with the `meta` target device in
@@ -15,10 +16,9 @@ import contextlib
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import specrepro as sr
-from helpers import tiny_llama
+from helpers import HostSyncs, tiny_llama
 from specrepro.drafts import (FeatureDraft, HeadsDraft, HybridDraft, LookupDraft, ModelDraft, SmallDraft,
                               TruncatedDraft)
 from specrepro.drafts.artifacts import draft_device
@@ -26,27 +26,6 @@ from specrepro.engines.lean import LeanRunner
 from specrepro.engines.runners import HFRunner
 from specrepro.engines.static import StaticRunner
 from specrepro.algorithm.tree import TreeSpec
-
-HOST = {torch.Tensor.cpu, torch.Tensor.numpy}
-
-
-class HostTraffic(TorchFunctionMode):
-    """Records calls that copy a tensor to the host."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in HOST:
-            self.calls.append(func.__name__)
-        elif func is torch.Tensor.to:
-            where = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if isinstance(where, str) and where.startswith("cpu"):
-                self.calls.append("to('cpu')")
-        return func(*args, **kwargs)
-
 
 # every draft kind of specrepro.drafts, with the tiny target
 DRAFTS = {
@@ -69,7 +48,7 @@ DRAFTS = {
 
 def trap(draft, method, meta=True):
     """Wrap draft.<method> so each call runs with host copies recorded (and the meta default device)."""
-    traffic = HostTraffic()
+    traffic = HostSyncs()
     inner = getattr(draft, method)
 
     def wrapped(*args, **kwargs):
@@ -97,7 +76,7 @@ def test_draft_creates_no_host_tensors_per_step(name, tree):
         assert gen.tokens.device.type == "cpu" and len(gen.tokens) == 12
         if temperature == 0:
             assert torch.equal(gen.tokens, want)
-    assert traffic.calls == [], f"{name} copied to the host while proposing: {traffic.calls}"
+    assert traffic.copies() == [], f"{name} copied to the host while proposing: {traffic.copies()}"
 
 
 def test_the_trap_catches_a_host_tensor():
@@ -119,7 +98,7 @@ def test_the_trap_catches_a_host_tensor():
     traffic = trap(draft, "propose")
     draft._root_feature = lambda seq, hidden, f=draft._root_feature: f(seq.cpu(), hidden)
     sr.speculative_generate(LeanRunner(target), draft, torch.tensor([0, 3, 2]), max_new_tokens=4, temperature=0)
-    assert "cpu" in traffic.calls
+    assert "cpu" in traffic.copies()
 
 
 @pytest.mark.parametrize("kind", ["feature", "heads"])

@@ -10,8 +10,8 @@ import os
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import llama
 from specrepro.drafts import FeatureDraft, HeadsDraft, SmallDraft, load
 from specrepro.drafts.artifacts import MARKER
 from specrepro.drafts.kinds import KINDS
@@ -26,12 +26,10 @@ TINY_SHAPE = {"small": {"hidden": 64, "layers": 1, "ffn": 128}, "seqkd": {"hidde
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """The real target and tokenizer, and a throwaway SPECREPRO_HOME for data caches and artifacts."""
-    from specrepro.models import load_model
-
-    torch.set_num_threads(1)
-    model, tokenizer = load_model("smollm2-135m-instruct")  # from the real cache, before redirecting it
+def real(smollm, tmp_path_factory):
+    """The real target and tokenizer (loaded once per process, tests/conftest.py, from the real cache before
+    this redirects it), and a throwaway SPECREPRO_HOME for data caches and artifacts."""
+    model, tokenizer = smollm
     home = tmp_path_factory.mktemp("home")
     old = os.environ.get("SPECREPRO_HOME")
     os.environ["SPECREPRO_HOME"] = str(home)
@@ -50,10 +48,7 @@ def tiny_train(kind, real, root, **kw):
 
 @pytest.fixture(scope="module")
 def tiny_target():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
+    return llama(0, vocab=300, hidden=64, window=256)
 
 
 def untrained(kind, target):
@@ -196,8 +191,7 @@ def test_damaged_checkpoint_is_reported_and_training_starts_over(tmp_path):
 def test_damaged_artifact_is_a_clear_error(tmp_path, kind):
     import json
 
-    target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
-                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    target = llama(0, layers=1, heads=2, kv_heads=1, hidden=16)
     target.config.name_or_path = "tiny"
     art = tmp_path / f"{kind}-0123456789"
     (art / "model").mkdir(parents=True)

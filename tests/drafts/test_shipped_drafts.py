@@ -23,11 +23,10 @@ SHIPPED_KINDS = sorted(p.name for p in shipped_root().iterdir() if (p / "config.
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    from specrepro.models import load_model
-
-    torch.set_num_threads(1)
-    return load_model("smollm2-135m-instruct")  # from the real model cache
+def real(smollm):
+    """The real target and tokenizer (loaded once per process, tests/conftest.py), set up before any test's
+    empty SPECREPRO_HOME (a module fixture comes first)."""
+    return smollm
 
 
 @pytest.fixture

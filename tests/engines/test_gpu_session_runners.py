@@ -1,13 +1,12 @@
 """What the GPU check relies on, shown on the CPU: the HF runner on a GPU image's older transformers
 (`past_key_values=` before 5.24) gives the current path's logits, and the static runner's passes never read
-a device value on the host (the trap below records every call that would synchronise a GPU)."""
+a device value on the host (helpers.HostSyncs records every call that would synchronise a GPU)."""
 
 import warnings
 
 import pytest
 import torch
-from helpers import llama, run_chunks
-from torch.overrides import TorchFunctionMode
+from helpers import HostSyncs, llama, run_chunks
 
 import specrepro as sr
 from specrepro.algorithm import tree as tree_module
@@ -16,45 +15,21 @@ from specrepro.engines.runners import HFRunner
 from specrepro.engines.static import StaticRunner
 from specrepro.stats.toy import tiny_llama
 
-# calls that copy a device tensor to the host, i.e. wait for the device
-SYNCING = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
-           torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
-           torch.Tensor.masked_select, torch.masked_select}
-
-
-class HostSyncs(TorchFunctionMode):
-    """Records every call that reads a tensor on the host: .cpu(), .numpy(), .item(), .tolist(), bool(),
-    int(), float(), use as an index, nonzero, masked_select, one-argument torch.where, .to('cpu')."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in SYNCING:
-            self.calls.append(func.__name__)
-        elif func is torch.where and len(args) + len(kwargs) == 1:
-            self.calls.append("where(condition)")
-        elif func is torch.Tensor.to and args[0].device.type != "cpu":  # (a CPU runner's own .to(cpu) is no copy)
-            where = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if str(where).startswith("cpu"):
-                self.calls.append("to('cpu')")
-        return func(*args, **kwargs)
-
 
 def test_the_trap_sees_every_host_read():
     x = torch.tensor([1.0, 0.0, 2.0])
     with HostSyncs() as trap:
         x[0].item(), x.tolist(), bool(x[0]), int(x[0]), float(x[0]), x.nonzero(), torch.nonzero(x)
         torch.where(x > 0), x.masked_select(x > 0), [1, 2, 3][x.long()[1]], x.cpu(), x.to("cpu")
+        x.to(x.device), x.to(torch.device("cpu")), x.to(torch.float64)  # a CPU tensor to its own device: no copy
         if x[1] > 0:
             pass
         torch.where(x > 0, x, x)  # three arguments: no sync
         with pytest.raises(NotImplementedError):
-            torch.empty(2, device="meta").to("cpu")  # a device tensor copied to the host
+            torch.empty(2, device="meta").to(torch.device("cpu"))  # a device tensor copied to the host
     assert trap.calls == ["item", "tolist", "__bool__", "__int__", "__float__", "nonzero", "nonzero",
-                          "where(condition)", "masked_select", "__index__", "cpu", "__bool__", "to('cpu')"]
+                          "where(condition)", "masked_select", "__index__", "cpu", "to('cpu')", "__bool__",
+                          "to('cpu')"]
 
 
 def test_static_runner_passes_read_nothing_on_the_host():

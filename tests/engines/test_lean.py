@@ -204,11 +204,6 @@ def test_generations_with_lean_runners_equal_hf(temperature):
         assert torch.equal(sps_lean.tokens, ars_lean.tokens)
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return sr.load_model("smollm2-135m-instruct")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", ONEDNN])
 def test_lean_matches_hf_on_real_target(smollm, backend):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import specrepro as sr
 from specrepro.algorithm import tree as tree_module
@@ -16,7 +16,7 @@ from specrepro.engines.lean import LeanRunner
 from specrepro.engines.static import StaticRunner
 
 from helpers import check_tree_logits, fixed_tree
-from helpers import run_chunks
+from helpers import llama, run_chunks
 
 # The build needs g++ (the CI script installs it): without one, the reason is the skip's message; with one,
 # a failed build fails these tests.
@@ -26,14 +26,8 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no native build her
 
 def model(seed=0, vocab=64, layers=2, heads=4, kv_heads=2, hidden=64, window=256, tied=False, bias=False):
     """A tiny Llama whose weights are large enough (initializer_range 0.2) that logits spread over several units."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 6, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=window, rope_theta=1e4,
-        tie_word_embeddings=tied, initializer_range=0.2, attention_bias=bias, bos_token_id=0, eos_token_id=1,
-        pad_token_id=1,
-    )
-    m = LlamaForCausalLM(config).eval()
+    m = llama(seed, vocab, layers, heads, kv_heads, tied, window, hidden, ffn=2 * hidden + 6, initializer_range=0.2,
+              attention_bias=bias)
     with torch.no_grad():  # RMSNorm weights start at 1: vary them so that a dropped norm weight is seen
         for name, p in m.named_parameters():
             if "norm" in name or name.endswith("bias"):

@@ -157,11 +157,9 @@ def test_check_params_names_the_typo():
 
 
 def test_truncated_draft_is_a_valid_draft():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from helpers import llama
 
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                          num_attention_heads=4, num_key_value_heads=4)).eval()
+    target = llama(0, layers=4, kv_heads=4)
     draft = make_draft("truncated:2", target)
     assert len(draft.model.layers) == 2 and len(target.model.layers) == 4
     assert target.config.num_hidden_layers == 4
