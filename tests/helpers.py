@@ -163,6 +163,16 @@ def fit_tree(target, draft, spec, sampling, eos, seed, n=N_TREE, model=None, rul
     return result, outcomes, stats
 
 
+def fit_chain_or_tree(target, draft, tree, sampling, seed, k=3):
+    """fit_chain with a chain of k tokens (tree None) or fit_tree of `tree` with the target in the lean runner,
+    EOS as in PROMPT's harness: (result, outcomes, the chain's bonus loops or the tree's stats)."""
+    from specrepro.engines.lean import LeanRunner
+
+    if tree is None:
+        return fit_chain(target, draft, k, sampling, EOS, seed)
+    return fit_tree(LeanRunner(target), draft, tree, sampling, EOS, seed, model=target)
+
+
 def fixed_tree(vocab=5):
     """A branching tree over a tiny vocabulary (tokens 0..4 used), node order = level order."""
     tree = Tree(vocab)

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import specrepro as sr
-from helpers import EOS, PROMPT, TINY_STORE, fit_chain, fit_tree
+from helpers import EOS, PROMPT, TINY_STORE, fit_chain_or_tree
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.algorithm.tree import TreeSpec
 from specrepro.drafts import Datastore, DatastoreDraft, FeatureDraft, HybridDraft
-from specrepro.engines.lean import LeanRunner
 from specrepro.stats.exact import exact_joint
 from specrepro.stats.toy import tiny_llama
 
@@ -59,10 +58,7 @@ def test_the_hybrid_is_lossless(tree):
     target = tiny_llama(0, layers=2)
     sampling = SamplingConfig(1.0)
     seed = 950 + TREES.index(tree)
-    if tree is None:
-        result, _, _ = fit_chain(target, hybrid(target), 3, sampling, EOS, seed)
-    else:
-        result, _, _ = fit_tree(LeanRunner(target), hybrid(target), tree, sampling, EOS, seed, model=target)
+    result, _, _ = fit_chain_or_tree(target, hybrid(target), tree, sampling, seed)
     assert result.pvalue > ALPHA, result
 
 

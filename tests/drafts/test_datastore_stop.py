@@ -9,12 +9,11 @@ import pytest
 import torch
 
 import specrepro as sr
-from helpers import EOS, PROMPT, TINY_STORE, fit_chain, fit_tree, tiny_llama
+from helpers import EOS, PROMPT, TINY_STORE, fit_chain_or_tree, tiny_llama
 from specrepro.algorithm.sampling import SamplingConfig
 from specrepro.algorithm.tree import TreeSpec
 from specrepro.drafts import Datastore, DatastoreDraft
 from specrepro.drafts.datastore import check_pass_costs
-from specrepro.engines.lean import LeanRunner
 
 STEEP = (2.0, 3.0, 4.0, 5.0, 6.0, 7.0)  # every proposed token costs a whole pass: never worth it here
 MIXED = (1.1, 1.3, 1.6, 1.8, 2.0, 2.2)  # some proposals stop early, some do not
@@ -154,10 +153,7 @@ def test_a_stopped_proposal_is_lossless(tree, temperature, top_k):
     sampling = SamplingConfig(temperature, top_k)
     seed = 900 + LOSSLESS.index((tree, temperature, top_k))
     draft = tiny_draft(pass_costs=MIXED)
-    if tree is None:
-        result, _, _ = fit_chain(target, draft, 3, sampling, EOS, seed)
-    else:
-        result, _, _ = fit_tree(LeanRunner(target), draft, tree, sampling, EOS, seed, model=target)
+    result, _, _ = fit_chain_or_tree(target, draft, tree, sampling, seed)
     assert result.pvalue > ALPHA, result
 
 
