@@ -289,8 +289,18 @@ def test_a_build_killed_half_way_never_makes_the_next_load_wait(tmp_path, group)
     source.write_text(TINY_MODULE)
     folder = tmp_path / "build"
     fork = multiprocessing.get_context("fork")
+    # how long one whole build takes here (a quiet machine builds in a fraction of a second, a busy one in
+    # seconds): the kills below land at fixed moments and at fractions of it, so that several fall inside builds
+    mine, theirs = fork.Pipe()
+    proc = fork.Process(target=_build_probe, args=(source, tmp_path / "timing", theirs, False))
+    proc.start()
+    assert mine.poll(60) and mine.recv() == "go"
+    start = time.perf_counter()
+    assert mine.poll(60) and mine.recv() == 42
+    whole = time.perf_counter() - start
+    proc.join(10)
     killed_with_lock = 0
-    for delay in [0.0, 0.1, 0.3, 0.6, 1.0, 1.5]:
+    for delay in sorted({0.0, 0.1, 0.3, 0.6, 1.0, 1.5} | {round(f * whole, 3) for f in (0.2, 0.4, 0.6, 0.8)}):
         for f in folder.glob("*.so"):  # a module that finished gets built again
             f.unlink()
         (folder / ".ninja_log").unlink(missing_ok=True)
