@@ -15,7 +15,7 @@ the factor the step gets faster (the bench reports both).
 
 Measured (2-core AMD EPYC with avx512_bf16, torch 2.13, bfloat16, 1 thread, other jobs loading the cores,
 one-token passes after 300 cached tokens interleaved with the eager oneDNN lean runner,
-figures/bench/ops-profile-1t.json): 417 ms against 72 ms, i.e. this compiled step is 5.8x SLOWER here; at
+figures/bench/ops-profile-1t.json as committed in c97fa5f): 417 ms against 72 ms, i.e. this compiled step is 5.8x SLOWER here; at
 2 threads on the oversubscribed machine 11.8 s against 4.0 s. Almost all of it is inside the compiled
 graph's own code, not its oneDNN linears (49 ms): why inductor's output is slow for this graph on this CPU
 is not yet known. So it is an opt-in runner for measuring on other machines (`specrepro-bench --runners
