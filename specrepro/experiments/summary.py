@@ -6,7 +6,8 @@
 
 In a Markdown file, the text between `<!-- summary:NAME -->` and `<!-- /summary -->` is the block NAME
 (see BLOCKS): --write replaces it with the rendering of the files in --figures, --check fails where it
-differs. tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
+differs. `<!-- summary:NAME@SUB -->` renders from the subfolder SUB of --figures instead (figures/avx2: the
+same reproduction with the native pass built for AVX2 only). tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
 cannot drift from the file it cites. `make reproduce` (the cpu profile, which rewrites figures/) ends by
 rendering README.md's and docs/results.md's blocks from the new files, so `make test` passes after it.
 The prose around the blocks is written by hand.
@@ -59,18 +60,33 @@ def _ci(row: dict, key: str, digits: int = 2) -> str:
     return text + (f" [{lo:.{digits}f}, {hi:.{digits}f}]" if _ok(lo) and _ok(hi) else "")
 
 
+def minutes(meta: dict) -> float | None:
+    """How long the run behind a file took, from its record's start and end (None where it has no end)."""
+    from datetime import datetime
+
+    try:
+        start, end = (datetime.fromisoformat(str(meta[k]).replace(" ", "T")) for k in ("started", "finished"))
+    except (KeyError, ValueError):
+        return None
+    return (end - start).total_seconds() / 60
+
+
 def run_line(meta: dict) -> str:
     """Commit, date, machine and tuned setting of one notebook's run, as a sentence."""
     prov, machine, tune = meta.get("provenance", {}), meta.get("machine", {}), meta.get("tune") or {}
     commit = (prov.get("commit") or "unknown")[:7] + (" with uncommitted changes" if prov.get("dirty") else "")
     flags = " ".join(f for f in machine.get("cpu_flags", []))
+    native = tune.get("native_cflags")
     setting = tune.get("setting", meta.get("dtype", "?"))
     one = tune.get("one_token_ms")
+    took = minutes(meta)
     return (f"notebook {meta.get('notebook', '?')} of commit {commit} (code digest {prov.get('code_digest', '?')}), "
-            f"started {meta.get('started', '?')} UTC; {machine.get('cpu_model', '?')}, "
+            f"started {meta.get('started', '?')} UTC" + (f", {took:.1f} min" if took is not None else "")
+            + f"; {machine.get('cpu_model', '?')}, "
             f"{machine.get('cpu_count', '?')} cores, {flags}; torch {machine.get('torch', '?')}, "
             f"{machine.get('torch_threads', '?')} threads; tuned setting {setting}"
-            + (f" (one-token pass {one:.1f} ms)" if isinstance(one, (int, float)) else ""))
+            + (f" (one-token pass {one:.1f} ms)" if isinstance(one, (int, float)) else "")
+            + (f"; native pass built with {native}" if native else ""))
 
 
 def _result(row: dict) -> str:
@@ -188,18 +204,35 @@ def table1_settings(figures: Path) -> str:
             f"{meta.get('code_samples')} samples per problem; {run_line(meta)}")
 
 
-BLOCKS = {"table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
+NOTEBOOK_FILES = {"01_losslessness": "losslessness", "02_lookahead_sweep": "lookahead_sweep",
+                  "03_table1": "table1", "04_drafts": "drafts"}
+
+
+def run_minutes(figures: Path) -> str:
+    """How long each notebook of the run behind `figures` took, and in all, from the files' records."""
+    parts, total = [], 0.0
+    for notebook, name in NOTEBOOK_FILES.items():
+        meta, _ = _read(figures, name)
+        took = minutes(meta)
+        if took is None:
+            return f"(the run behind {figures.name}/ did not record when each notebook finished)"
+        parts.append(f"{notebook} {took:.1f}")
+        total += took
+    return f"notebooks {total:.0f} min in all ({', '.join(parts)} min; each from its file's started and finished)"
+
+
+BLOCKS = {"run_minutes": run_minutes, "table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
           "figure1": figure1, "figure1_settings": figure1_settings}
-BLOCK = re.compile(r"(<!-- summary:(\w+) -->\n)(.*?)(<!-- /summary -->)", re.S)
+BLOCK = re.compile(r"(<!-- summary:(\w+)(?:@([\w-]+))? -->\n)(.*?)(<!-- /summary -->)", re.S)
 
 
 def render_file(text: str, figures: Path) -> str:
     """text with every summary block rendered from `figures`."""
     def fill(m):
-        name = m.group(2)
+        name, sub = m.group(2), m.group(3)
         if name not in BLOCKS:
             raise ValueError(f"unknown summary block {name!r}; known: {', '.join(BLOCKS)}")
-        return m.group(1) + BLOCKS[name](figures) + "\n" + m.group(4)
+        return m.group(1) + BLOCKS[name](figures / sub if sub else figures) + "\n" + m.group(5)
     return BLOCK.sub(fill, text)
 
 

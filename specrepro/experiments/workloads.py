@@ -132,6 +132,11 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
     summary = {"setting": r["name"], "why": r["why"], "cpu": r["cpu"], "cpu_flags": r["machine"]["flags"],
                "cached": r["cached"], "one_token_ms": chosen["target_ms"][1], "v": chosen["v"],
                "ranking": r["ranking"], "skipped": r["skipped"]}
+    if r.get("native"):  # the native pass's kernels and build flags ($SPECREPRO_NATIVE_CFLAGS)
+        summary["native"] = {k: r["native"][k] for k in ("simd", "flags")}
+        from ..engines.native import FLAGS
+
+        summary["native_cflags"] = " ".join(f for f in r["native"]["flags"] if f not in FLAGS) or None
     return setting.target, summary
 
 

@@ -471,6 +471,10 @@ def cache_key(machine: dict, target, draft, candidates, max_lookahead: int, extr
         "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
         "extra_sizes": list(extra_sizes),
     }
+    if any(c.backend == "native" for c in candidates):  # another build of the native pass is another runner
+        from ..engines import native
+
+        ident["native_cflags"] = native.extra_flags()
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

@@ -81,3 +81,41 @@ def test_the_detectable_difference_has_the_stated_power():
 
     assert 0.72 <= power(shift) <= 0.84  # t with 29 degrees of freedom: a little under the normal's 0.80
     assert power(shift / 2) < 0.3
+
+
+def test_a_block_at_a_subfolder_renders_that_folders_files(figures, tmp_path):
+    """`<!-- summary:NAME@SUB -->` renders from figures/SUB (the AVX2 build's run beside the default one)."""
+    sub = figures / "avx2"
+    sub.mkdir()
+    for ext in ("csv", "json"):
+        shutil.copy(figures / f"table1.{ext}", sub / f"table1.{ext}")
+    csv = sub / "table1.csv"
+    lines = csv.read_text().splitlines()
+    header = lines[0].split(",")
+    i = next(j for j, line in enumerate(lines) if ",SpS," in line)
+    cells = lines[i].split(",")
+    cells[header.index("speedup")] = "7.65432"
+    lines[i] = ",".join(cells)
+    csv.write_text("\n".join(lines) + "\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- summary:table1 -->\n<!-- /summary -->\n<!-- summary:table1@avx2 -->\n<!-- /summary -->\n")
+    assert summary.main(["--figures", str(figures), "--write", str(doc)]) == 0
+    default, avx2 = doc.read_text().split("<!-- summary:table1@avx2 -->")
+    assert "7.65" in avx2 and "7.65" not in default
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        summary.render_file("<!-- summary:table1@nowhere -->\n<!-- /summary -->", figures)
+
+
+def test_run_minutes_reads_each_notebooks_start_and_end(tmp_path):
+    import json
+
+    for i, name in enumerate(summary.NOTEBOOK_FILES.values()):
+        meta = {"started": f"2026-01-01 00:{10 * i:02d}:00", "finished": f"2026-01-01 00:{10 * i + 5:02d}:30"}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": []}))
+        (tmp_path / f"{name}.csv").write_text("a\n1\n")
+    text = summary.run_minutes(tmp_path)
+    assert text.startswith("notebooks 22 min in all") and "03_table1 5.5" in text
+    meta = json.loads((tmp_path / "table1.json").read_text())
+    del meta["meta"]["finished"]
+    (tmp_path / "table1.json").write_text(json.dumps(meta))
+    assert "did not record" in summary.run_minutes(tmp_path)

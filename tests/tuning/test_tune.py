@@ -132,6 +132,19 @@ def test_tune_cache_is_reused_and_keyed_by_machine_torch_and_model(home, monkeyp
     assert not small_tune(model, **kw).report["cached"] and len(calls) == 6
 
 
+def test_the_native_build_flags_key_the_cache(monkeypatch):
+    """Another build of the native pass ($SPECREPRO_NATIVE_CFLAGS, e.g. the AVX2 kernels) is another runner: a
+    cached measurement of one build is never returned for the other; runners without it keep their key."""
+    info, model = machine.cpu_info(), llama(0)
+    native_ = [tune_mod.Candidate("bfloat16", "native", 2)]
+    eager = [tune_mod.Candidate("bfloat16", "eager", 2)]
+    monkeypatch.delenv("SPECREPRO_NATIVE_CFLAGS", raising=False)
+    before = {c[0].backend: tune_mod.cache_key(info, model, None, c, 4) for c in (native_, eager)}
+    monkeypatch.setenv("SPECREPRO_NATIVE_CFLAGS", "-mno-avx512f")
+    after = {c[0].backend: tune_mod.cache_key(info, model, None, c, 4) for c in (native_, eager)}
+    assert after["native"] != before["native"] and after["eager"] == before["eager"]
+
+
 def test_the_screen_measures_every_candidate_and_only_the_best_in_full(home):
     setting = sr.tune(llama(0), max_lookahead=3, reps=1, dtypes=["float32", "bfloat16"], threads=[1, 2], cache=False)
     report = setting.report
