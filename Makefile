@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export MPLBACKEND := agg
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup notebooks test test-fast reproduce figures lab clean-venv drafts gpu-check
+.PHONY: setup notebooks test test-fast reproduce reproduce-avx2-build figures lab clean-venv drafts gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,16 @@ test-fast: setup
 reproduce: setup
 	$(if $(RETRAIN),$(MAKE) drafts)
 	$(VENV)/bin/specrepro-reproduce --profile $(PROFILE)
+
+# The cpu reproduction again with the native pass built for AVX2 only (SPECREPRO_NATIVE_CFLAGS=-mno-avx512f: the
+# kernels a CPU without AVX512 runs, on this machine's cores and memory), into figures/avx2/, whose blocks in
+# README.md and docs/results.md it renders. On a CPU without AVX512, plain `make reproduce` is that run.
+AVX2_RUN := runs/avx2-build
+reproduce-avx2-build: setup
+	SPECREPRO_NATIVE_CFLAGS=-mno-avx512f $(VENV)/bin/specrepro-reproduce --profile cpu --output-root $(AVX2_RUN) --render
+	mkdir -p figures/avx2
+	cp $(AVX2_RUN)/figures/*.csv $(AVX2_RUN)/figures/*.json $(AVX2_RUN)/figures/*.png $(AVX2_RUN)/figures/*.pdf figures/avx2/
+	$(PY) -m specrepro.experiments.summary --write README.md docs/results.md
 
 figures: setup
 	$(VENV)/bin/specrepro-reproduce --profile $(PROFILE) --figures-only
