@@ -1,12 +1,14 @@
 """How long a newcomer's first commands take: `make setup` without pip's cache, then the first `make lab`, in a
 fresh clone of this checkout's commit with an empty $SPECREPRO_HOME.
 
-    python -m specrepro.bench.durations [--out figures/bench/durations-setup-lab.json] [--keep DIR]
+    python -m specrepro.bench.durations [--smoke] [--out figures/bench/durations-setup-lab.json] [--keep DIR]
 
 `make setup` runs with PIP_NO_CACHE_DIR=1, so every package comes from the package index (the time includes
 the downloads: it depends on the network to the index as much as on the CPU). The first `make lab` is timed
 from its start until the server answers an HTTP request for the Lab page; then it is stopped. The file
 records the commit and machine (results.RunRecord) and the load averages: time it with nothing else running.
+With --smoke, `PROFILE=smoke make reproduce` runs next in the same clone and home (the runner's progress lines
+are kept in the file: each notebook's time).
 """
 from __future__ import annotations
 
@@ -83,10 +85,22 @@ def time_lab(clone: Path, env: dict, timeout: float = 300.0) -> float:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def time_smoke(clone: Path, env: dict) -> tuple[float, list[str]]:
+    """Seconds of `PROFILE=smoke make reproduce` after setup, and the runner's own lines ([reproduce] ...)."""
+    start = time.monotonic()
+    out = subprocess.run(["make", "reproduce", "PROFILE=smoke"], cwd=clone, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    if out.returncode != 0:
+        raise SystemExit(f"PROFILE=smoke make reproduce failed (rc {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("[reproduce]")]
+    return seconds, lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="figures/bench/durations-setup-lab.json")
     ap.add_argument("--keep", help="clone and home here (kept) instead of a temporary folder")
+    ap.add_argument("--smoke", action="store_true", help="then time PROFILE=smoke make reproduce")
     args = ap.parse_args(argv)
     record = RunRecord(args)
     with tempfile.TemporaryDirectory(prefix="specrepro-durations-") as tmp:
@@ -99,9 +113,14 @@ def main(argv=None) -> None:
         print(f"make setup without pip's cache: {setup:.0f} s", flush=True)
         lab = time_lab(clone, env)
         print(f"the first make lab, until the Lab page answers: {lab:.1f} s", flush=True)
+        smoke = time_smoke(clone, env) if args.smoke else None
+        if smoke:
+            print(f"PROFILE=smoke make reproduce: {smoke[0]:.0f} s", flush=True)
     data = {"meta": record.meta(what="a fresh clone of the commit, empty $SPECREPRO_HOME; make setup with "
                                      "PIP_NO_CACHE_DIR=1 (downloads included), then make lab until its page answers"),
             "seconds_make_setup_no_pip_cache": round(setup, 1), "seconds_first_make_lab": round(lab, 1)}
+    if smoke:
+        data.update(seconds_smoke_reproduce=round(smoke[0], 1), smoke_reproduce_lines=smoke[1])
     atomic_write_text(Path(args.out), json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
 
