@@ -204,6 +204,47 @@ def table1_settings(figures: Path) -> str:
             f"{meta.get('code_samples')} samples per problem; {run_line(meta)}")
 
 
+def kernel_kind(tune: dict, machine: dict) -> str:
+    """Which products the native pass ran: the build's flags where they were set, else the CPU's kind."""
+    cflags = tune.get("native_cflags") or ""
+    flags = set(machine.get("cpu_flags") or tune.get("cpu_flags") or [])
+    if "-mno-avx512f" in cflags.split():
+        return "AVX2 kernels (`-mno-avx512f` build)"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    return "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
+
+
+OTHER_BUILDS = ("avx2",)  # subfolders of figures/ holding the reproduction with another build of the native pass
+
+
+def cpu_kinds(figures: Path) -> str:
+    """Per run (figures/ and each build beside it in OTHER_BUILDS): what tune measured in Figure 1's run
+    and the K that was fastest there, so a reader sees what their kind of CPU gets and why."""
+    runs = [figures] + [figures / b for b in OTHER_BUILDS if (figures / b / "lookahead_sweep.json").exists()]
+    out = ["| native products | setting tune picked | one-token pass | v(1), v(2), v(4), v(8) "
+           "| Figure 1's fastest K (T = 1): news, code | run |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        meta, rows = _read(run, "lookahead_sweep")
+        tune = meta.get("tune") or {}
+        v = {int(k): x for k, x in (tune.get("v") or {}).items()}
+        best = []
+        for task in ("news", "code"):
+            chain = [r for r in rows if r["task"] == task and not r.get("tree") and r["K"] > 0]
+            if chain:
+                top = max(chain, key=lambda r: r["speedup"])
+                best.append(f"K = {int(top['K'])} ({top['speedup']:.2f}x)")
+        prov = meta.get("provenance", {})
+        out.append("| " + " | ".join([
+            kernel_kind(tune, meta.get("machine", {})), str(tune.get("setting", "?")),
+            f"{tune['one_token_ms']:.1f} ms" if _ok(tune.get("one_token_ms")) else "",
+            ", ".join(f"{v[k]:.2f}" for k in (1, 2, 4, 8) if k in v), ", ".join(best),
+            f"`{(run.relative_to(figures.parent) if run != figures else Path(figures.name)).as_posix()}/`, "
+            f"commit {(prov.get('commit') or '?')[:7]}",
+        ]) + " |")
+    return "\n".join(out)
+
+
 NOTEBOOK_FILES = {"01_losslessness": "losslessness", "02_lookahead_sweep": "lookahead_sweep",
                   "03_table1": "table1", "04_drafts": "drafts"}
 
@@ -221,7 +262,7 @@ def run_minutes(figures: Path) -> str:
     return f"notebooks {total:.0f} min in all ({', '.join(parts)} min; each from its file's started and finished)"
 
 
-BLOCKS = {"run_minutes": run_minutes, "table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
+BLOCKS = {"cpu_kinds": cpu_kinds, "run_minutes": run_minutes, "table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
           "figure1": figure1, "figure1_settings": figure1_settings}
 BLOCK = re.compile(r"(<!-- summary:(\w+)(?:@([\w-]+))? -->\n)(.*?)(<!-- /summary -->)", re.S)
 

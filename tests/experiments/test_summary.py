@@ -119,3 +119,21 @@ def test_run_minutes_reads_each_notebooks_start_and_end(tmp_path):
     del meta["meta"]["finished"]
     (tmp_path / "table1.json").write_text(json.dumps(meta))
     assert "did not record" in summary.run_minutes(tmp_path)
+
+
+def test_cpu_kinds_has_a_row_per_build_named_by_its_flags(figures):
+    import json
+
+    one = summary.cpu_kinds(figures)
+    assert one.count("\n") == 2 and "bfloat16" in one  # header, rule, the default run
+    sub = figures / "avx2"
+    sub.mkdir()
+    for ext in ("csv", "json"):
+        shutil.copy(figures / f"lookahead_sweep.{ext}", sub / f"lookahead_sweep.{ext}")
+    data = json.loads((sub / "lookahead_sweep.json").read_text())
+    data["meta"]["tune"]["native_cflags"] = "-mno-avx512f"
+    (sub / "lookahead_sweep.json").write_text(json.dumps(data))
+    (figures / "smoke").mkdir()  # a local smoke run's folder is not a build
+    shutil.copy(sub / "lookahead_sweep.json", figures / "smoke" / "lookahead_sweep.json")
+    rows = summary.cpu_kinds(figures).splitlines()[2:]
+    assert len(rows) == 2 and "AVX2 kernels" in rows[1] and "AVX2 kernels" not in rows[0]
