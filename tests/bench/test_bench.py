@@ -184,3 +184,23 @@ def test_prompt_ratio_ci_averages_repetitions_and_resamples_prompts():
     assert point == pytest.approx(30 / 25)
     assert low == pytest.approx(1.0) and high == pytest.approx(2.0)  # all-peer-speed and all-prompt-0 resamples
     assert prompt_ratio_ci(rows, "ours", "nobody", key="ms") is None
+
+
+def test_the_overhead_tool_times_the_forwards_inside_the_same_loops():
+    """bench.overhead splits ArS loop time into the target's forwards and the rest: the forwards it counts are
+    the loops' (not the prompt's prefill), and the share outside them is what is left of the loop time."""
+    from specrepro.bench.overhead import MODES, TimedForwards, overhead
+    from specrepro.engines.lean import LeanRunner
+    from helpers import llama
+
+    runner = LeanRunner(llama(0))
+    for sampling in MODES.values():
+        out = overhead(runner, torch.tensor([1, 2, 3, 4, 5]), 12, sampling, seed=0)
+        assert out["tokens"] == 12 and out["outside_share"] > 0
+        assert out["loop_ms_per_token"] > out["forward_ms_per_token"] * 12 / 13  # the loops hold the forwards
+    timed = TimedForwards(runner)
+    timed.prefill(torch.tensor([1, 2, 3]))
+    timed.forward(torch.tensor([4]))
+    assert timed.forwards == 1 and timed.forward_seconds > 0  # prefill is not counted
+    with pytest.raises(ValueError, match="no prefill"):
+        overhead(torch.nn.Linear(2, 2), torch.tensor([1, 2]), 4, MODES["greedy"], seed=0)
