@@ -465,14 +465,19 @@ inline int64_t attend_scratch(int64_t len) { return kMaxQueries * (len + 4); }
 #if defined(SPECREPRO_AVX512)
 constexpr int kSumQueries = 6;  // queries whose value sums share the registers (6 x 4 accumulators at d = 64)
 constexpr int kSumVectors = 16;  // value vectors per key summed in one sweep over the keys (all of them)
+constexpr int kFewQueries = 0;  // tasks of up to this many queries sum them one at a time
 #elif defined(SPECREPRO_AVX2)
 // 6 queries x 2 vectors (one cache line of each value row) per sweep: 12 accumulators of AVX2's 16 registers.
-// Each query then reads its kv head's values once per six queries instead of once each, from L2
+// Each query then reads its kv head's values once per six queries instead of once each, from L2. A task of up
+// to 3 queries (a one-token pass's) sums them one by one, whole rows per sweep: its values sit in L1 or L2
+// either way, and fewer sweeps cost less
 constexpr int kSumQueries = 6;
 constexpr int kSumVectors = 2;
+constexpr int kFewQueries = 3;
 #else
 constexpr int kSumQueries = 1;
 constexpr int kSumVectors = 16;
+constexpr int kFewQueries = 0;
 #endif
 
 // out[r] = softmax(scores) . values for query r, given scores sc[r * len + i] (i < lim[r]); sc becomes the weights.
@@ -490,7 +495,7 @@ void weighted_sums(float* sc, int64_t len, const int64_t* lim, const float* vals
     inv[r] = lim[r] > 0 ? 1.0f / exp_shifted(s, lim[r], top) : 0.f;  // the top key's weight is 1: the sum >= 1
     most = std::max(most, lim[r]);
   }
-  constexpr int CC = C % kSumVectors == 0 ? kSumVectors : C < kSumVectors ? C : 1;
+  constexpr int CC = R == 1 ? C : C % kSumVectors == 0 ? kSumVectors : C < kSumVectors ? C : 1;
   for (int c0 = 0; c0 < C; c0 += CC) {
     vf acc[R][CC];
     for (int r = 0; r < R; ++r)
@@ -536,8 +541,9 @@ void attend(const float* const* q, const int64_t* lim, int nq, const float* keys
       std::memcpy(sc + r * len + j, s, std::min<int64_t>(4, len - j) * sizeof(float));
     }
   }
-  for (int r0 = 0; r0 < nq; r0 += kSumQueries) {
-    const int nr = std::min(kSumQueries, nq - r0);
+  const int per = nq <= kFewQueries ? 1 : kSumQueries;
+  for (int r0 = 0; r0 < nq; r0 += per) {
+    const int nr = std::min(per, nq - r0);
     float* w = sc + r0 * len;
     switch (nr) {
 #if defined(SPECREPRO_AVX512) || defined(SPECREPRO_AVX2)
