@@ -204,6 +204,7 @@ namespace {
 
 constexpr int kLanes = 16;  // outputs per packed block
 
+
 // Denormal floats flushed to zero (FTZ) and read as zero (DAZ) while the pass runs, on the calling thread and on
 // every worker thread of its parallel regions (MXCSR is per thread): x86 computes with denormals far more slowly,
 // and the AVX512-BF16 products flush them regardless, so every family gives them the same zeros. The previous
@@ -461,7 +462,27 @@ constexpr int kMaxQueries = 12;
 // scratch floats a task needs
 inline int64_t attend_scratch(int64_t len) { return kMaxQueries * (len + 4); }
 
-// out[r] = softmax(scores) . values for query r, given scores sc[r * len + i] (i < lim[r]); sc becomes the weights
+#if defined(SPECREPRO_AVX512)
+constexpr int kSumQueries = 6;  // queries whose value sums share the registers (6 x 4 accumulators at d = 64)
+constexpr int kSumVectors = 16;  // value vectors per key summed in one sweep over the keys (all of them)
+constexpr int kFewQueries = 0;  // tasks of up to this many queries sum them one at a time
+#elif defined(SPECREPRO_AVX2)
+// 6 queries x 2 vectors (one cache line of each value row) per sweep: 12 accumulators of AVX2's 16 registers.
+// Each query then reads its kv head's values once per six queries instead of once each, from L2. A task of up
+// to 3 queries (a one-token pass's) sums them one by one, whole rows per sweep: its values sit in L1 or L2
+// either way, and fewer sweeps cost less
+constexpr int kSumQueries = 6;
+constexpr int kSumVectors = 2;
+constexpr int kFewQueries = 3;
+#else
+constexpr int kSumQueries = 1;
+constexpr int kSumVectors = 16;
+constexpr int kFewQueries = 0;
+#endif
+
+// out[r] = softmax(scores) . values for query r, given scores sc[r * len + i] (i < lim[r]); sc becomes the weights.
+// The value vectors are summed CC at a time, one sweep over the keys per CC: each lane's sum is the same steps
+// whatever CC and R are.
 template <int C, int R>
 void weighted_sums(float* sc, int64_t len, const int64_t* lim, const float* vals, const int32_t* idx, float* const* out) {
   constexpr int64_t d = C * kW;
@@ -474,26 +495,23 @@ void weighted_sums(float* sc, int64_t len, const int64_t* lim, const float* vals
     inv[r] = lim[r] > 0 ? 1.0f / exp_shifted(s, lim[r], top) : 0.f;  // the top key's weight is 1: the sum >= 1
     most = std::max(most, lim[r]);
   }
-  vf acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
-  for (int64_t i = 0; i < most; ++i) {
-    const float* v = vals + (idx ? idx[i] : i) * d;
-    for (int r = 0; r < R; ++r) {
-      if (i >= lim[r]) continue;
-      const vf e = vset(sc[r * len + i]);
-      for (int c = 0; c < C; ++c) acc[r][c] = vfma(e, vload(v + c * kW), acc[r][c]);
+  constexpr int CC = R == 1 ? C : C % kSumVectors == 0 ? kSumVectors : C < kSumVectors ? C : 1;
+  for (int c0 = 0; c0 < C; c0 += CC) {
+    vf acc[R][CC];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CC; ++c) acc[r][c] = vzero();
+    for (int64_t i = 0; i < most; ++i) {
+      const float* v = vals + (idx ? idx[i] : i) * d + c0 * kW;
+      for (int r = 0; r < R; ++r) {
+        if (i >= lim[r]) continue;
+        const vf e = vset(sc[r * len + i]);
+        for (int c = 0; c < CC; ++c) acc[r][c] = vfma(e, vload(v + c * kW), acc[r][c]);
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CC; ++c) vstore(out[r] + (c0 + c) * kW, vmul(acc[r][c], vset(inv[r])));
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) vstore(out[r] + c * kW, vmul(acc[r][c], vset(inv[r])));
 }
-
-#if defined(SPECREPRO_AVX512)
-constexpr int kSumQueries = 6;  // queries whose value sums share the registers (6 x 4 accumulators at d = 64)
-#else
-constexpr int kSumQueries = 1;
-#endif
 
 template <int C>
 void attend(const float* const* q, const int64_t* lim, int nq, const float* keys, const float* vals,
@@ -523,11 +541,12 @@ void attend(const float* const* q, const int64_t* lim, int nq, const float* keys
       std::memcpy(sc + r * len + j, s, std::min<int64_t>(4, len - j) * sizeof(float));
     }
   }
-  for (int r0 = 0; r0 < nq; r0 += kSumQueries) {
-    const int nr = std::min(kSumQueries, nq - r0);
+  const int per = nq <= kFewQueries ? 1 : kSumQueries;
+  for (int r0 = 0; r0 < nq; r0 += per) {
+    const int nr = std::min(per, nq - r0);
     float* w = sc + r0 * len;
     switch (nr) {
-#if defined(SPECREPRO_AVX512)
+#if defined(SPECREPRO_AVX512) || defined(SPECREPRO_AVX2)
       case 2: weighted_sums<C, 2>(w, len, lim + r0, vals, idx, out + r0); break;
       case 3: weighted_sums<C, 3>(w, len, lim + r0, vals, idx, out + r0); break;
       case 4: weighted_sums<C, 4>(w, len, lim + r0, vals, idx, out + r0); break;
@@ -644,16 +663,17 @@ struct Packed {
 // over k in order in one accumulator, whatever MB and NB are (the tile shape never changes a result). x comes
 // as bfloat16 pairs (xp, the AVX512-BF16 kernels) or as the same values widened to float32 (xf, the others).
 template <int MB, int NB>
-void tile(const uint32_t* w, int64_t kp, const uint32_t* xp, const float* xf, int64_t ldx, float* y, int64_t ldy) {
+void tile(const uint32_t* w, int64_t kp, int64_t k0, int64_t k1, const uint32_t* xp, const float* xf, int64_t ldx,
+          float* y, int64_t ldy, bool resume, bool pf) {
 #ifdef SPECREPRO_DPBF16
   (void)xf;
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kp; ++k) {
+    for (int b = 0; b < NB; ++b) acc[m][b] = resume ? _mm512_loadu_ps(y + m * ldy + b * kLanes) : _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1; ++k) {
     __m512bh wv[NB];
     for (int b = 0; b < NB; ++b) {
-      if (MB > PF_ROWS) _mm_prefetch(reinterpret_cast<const char*>(w + (b * kp + k + PF_AHEAD) * kLanes), _MM_HINT_T0);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w + (b * kp + k + PF_AHEAD) * kLanes), _MM_HINT_T0);
       wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * kp + k) * kLanes);
     }
     for (int m = 0; m < MB; ++m) {
@@ -668,11 +688,11 @@ void tile(const uint32_t* w, int64_t kp, const uint32_t* xp, const float* xf, in
   constexpr int H = kLanes / kW;  // vectors per block
   vf acc[MB][NB * H];
   for (int m = 0; m < MB; ++m)
-    for (int b = 0; b < NB * H; ++b) acc[m][b] = vzero();
-  for (int64_t k = 0; k < kp; ++k) {
+    for (int b = 0; b < NB * H; ++b) acc[m][b] = resume ? vload(y + m * ldy + b * kW) : vzero();
+  for (int64_t k = k0; k < k1; ++k) {
     for (int b = 0; b < NB; ++b) {
       const uint32_t* wk = w + (b * kp + k) * kLanes;
-      if (MB > PF_ROWS) __builtin_prefetch(wk + PF_AHEAD * kLanes);
+      if (pf) __builtin_prefetch(wk + PF_AHEAD * kLanes);
       for (int h = 0; h < H; ++h) {
         vf even, odd;
         vbf16(wk + h * kW, even, odd);
@@ -688,7 +708,8 @@ void tile(const uint32_t* w, int64_t kp, const uint32_t* xp, const float* xf, in
 #endif
 }
 
-using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, const float*, int64_t, float*, int64_t);
+using TileFn = void (*)(const uint32_t*, int64_t, int64_t, int64_t, const uint32_t*, const float*, int64_t, float*,
+                       int64_t, bool, bool);
 
 // Rows per tile call and blocks per tile for a tile of `rows` rows: accumulators = rows x blocks x (16 / kW)
 // vectors, in registers (32 of AVX512's, 16 of AVX2's) with room for the weights and inputs.
@@ -699,8 +720,31 @@ using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, const float*,
 constexpr int kMaxRows = 12;
 inline int blocks_for(int rows) { return rows <= WIDE_ROWS ? 4 : 2; }
 #else
-constexpr int kMaxRows = 4;
+#ifndef AVX2_ROWS
+#define AVX2_ROWS 3
+#endif
+constexpr int kMaxRows = AVX2_ROWS;
+#if AVX2_ROWS == 3
+inline int blocks_for(int rows) { return rows == 1 ? 4 : 2; }
+#else
 inline int blocks_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+#endif
+#endif
+// k-slabs: a thread's four blocks are walked SLAB pairs at a time, every row tile over one slab before the
+// next, so that the slab's weights come from DRAM once and stay in L1 for the other row tiles
+#ifndef SLAB
+#if defined(SPECREPRO_DPBF16)
+#define SLAB 0
+#else
+#define SLAB 128
+#endif
+#endif
+#ifndef PF_FIRST
+#if defined(SPECREPRO_DPBF16)
+#define PF_FIRST 0
+#else
+#define PF_FIRST 2
+#endif
 #endif
 
 template <int NB, int... MB>
@@ -769,15 +813,21 @@ void gemv(const Packed& p, const uint32_t* x, int64_t rows, int64_t ldx, float* 
 #endif
   at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
     const FlushDenormals flush;
+    const int64_t slab = SLAB > 0 && rows > kMaxRows ? SLAB : p.kp;
     for (int64_t b0 = first; b0 < last; b0 += 4) {
       const int64_t b1 = std::min(b0 + 4, last);
-      for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the four blocks' weights stay in cache across rows
-        const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, rows - m0));
-        for (int64_t b = b0; b < b1;) {
-          int nb = blocks_for(mb);
-          while (nb > b1 - b) nb /= 2;
-          pick(mb, nb)(w + b * p.kp * kLanes, p.kp, x + m0 * ldx, xf + m0 * 2 * ldx, ldx, y + m0 * ldy + b * kLanes, ldy);
-          b += nb;
+      for (int64_t k0 = 0; k0 < p.kp; k0 += slab) {
+        const int64_t k1 = std::min(k0 + slab, p.kp);
+        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // the four blocks' weights stay in cache across rows
+          const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, rows - m0));
+          const bool pf = mb > PF_ROWS || (PF_FIRST > 0 && m0 == 0 && rows >= PF_FIRST);
+          for (int64_t b = b0; b < b1;) {
+            int nb = blocks_for(mb);
+            while (nb > b1 - b) nb /= 2;
+            pick(mb, nb)(w + b * p.kp * kLanes, p.kp, k0, k1, x + m0 * ldx, xf + m0 * 2 * ldx, ldx,
+                         y + m0 * ldy + b * kLanes, ldy, k0 > 0, pf);
+            b += nb;
+          }
         }
       }
     }
