@@ -2,7 +2,7 @@
 
 Why: a one-token bfloat16 pass of SmolLM2-135M through torch ops (oneDNN linears) takes 28.7 ms at 1
 thread where llama.cpp's F16 pass over the same weights takes 12.7, and this pass 11.0 (quiet 2-core AMD
-EPYC with AVX512-BF16, 300 cached tokens, figures/bench/ops-profile-native.json): oneDNN's products for one
+EPYC with AVX512-BF16, 300 cached tokens, figures/bench/ops-profile-native.json as committed in 49457d4): oneDNN's products for one
 row stream the weights at about half the memory bandwidth, and ~300 small torch ops per pass add their
 dispatch cost. No library we can install
 has a kernel for "a few bfloat16 rows times a weight matrix at memory speed" with torch's tensors (oneDNN is
