@@ -252,6 +252,9 @@ NOTEBOOK_FILES = {"01_losslessness": "losslessness", "02_lookahead_sweep": "look
 def run_minutes(figures: Path) -> str:
     """How long each notebook of the run behind `figures` took, and in all, from the files' records."""
     parts, total = [], 0.0
+    missing = [nb for nb, name in NOTEBOOK_FILES.items() if not (figures / f"{name}.json").exists()]
+    if missing:
+        return f"(the run behind {figures.name}/ has no file of {', '.join(missing)})"
     for notebook, name in NOTEBOOK_FILES.items():
         meta, _ = _read(figures, name)
         took = minutes(meta)
@@ -273,6 +276,8 @@ def render_file(text: str, figures: Path) -> str:
         name, sub = m.group(2), m.group(3)
         if name not in BLOCKS:
             raise ValueError(f"unknown summary block {name!r}; known: {', '.join(BLOCKS)}")
+        if sub and not (figures / sub).is_dir():  # another build's run, not part of this one: kept as it is
+            return m.group(0)
         return m.group(1) + BLOCKS[name](figures / sub if sub else figures) + "\n" + m.group(5)
     return BLOCK.sub(fill, text)
 
