@@ -315,7 +315,7 @@ def reference_run(profile: str, figures=None) -> tuple[dict[str, float], float |
     """(minutes per notebook, one-token pass in ms) of the run behind the committed figures of `profile` (cpu
     only: the other profiles' outputs are not committed): a figure's own record where it has one (started ..
     finished; its tuned setting's one-token pass), MINUTES elsewhere."""
-    from datetime import datetime
+    from . import summary
 
     minutes = dict(MINUTES.get(profile, {}))
     passes = []
@@ -324,11 +324,9 @@ def reference_run(profile: str, figures=None) -> tuple[dict[str, float], float |
             meta = json.loads(((Path(figures) if figures else ROOT / "figures") / file).read_text())["meta"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        try:
-            span = datetime.fromisoformat(str(meta["finished"])) - datetime.fromisoformat(str(meta["started"]))
-            minutes[name] = span.total_seconds() / 60
-        except (KeyError, ValueError):  # a figure written before the run record: no finish time
-            pass
+        took = summary.minutes(meta)
+        if took is not None:  # None: a figure written before the run record, without a finish time
+            minutes[name] = took
         one = (meta.get("tune") or {}).get("one_token_ms") if isinstance(meta.get("tune"), dict) else None
         if one:
             passes.append(float(one))

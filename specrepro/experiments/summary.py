@@ -7,9 +7,10 @@
 In a Markdown file, the text between `<!-- summary:NAME -->` and `<!-- /summary -->` is the block NAME
 (see BLOCKS): --write replaces it with the rendering of the files in --figures, --check fails where it
 differs. `<!-- summary:NAME@SUB -->` renders from the subfolder SUB of --figures instead (figures/avx2: the
-same reproduction with the native pass built for AVX2 only). tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks
-cannot drift from the file it cites. `make reproduce` (the cpu profile, which rewrites figures/) ends by
-rendering README.md's and docs/results.md's blocks from the new files, so `make test` passes after it.
+same reproduction with the native pass built for AVX2 only; kept as it is where SUB is absent).
+tests/experiments/test_summary.py runs --check on the committed files, so a number in those blocks cannot
+drift from the file it cites. `make reproduce` (the cpu profile, which rewrites figures/) ends by rendering
+README.md's and docs/results.md's blocks from the new files, so `make test` passes after it.
 The prose around the blocks is written by hand.
 """
 from __future__ import annotations
@@ -265,8 +266,8 @@ def run_minutes(figures: Path) -> str:
     return f"notebooks {total:.0f} min in all ({', '.join(parts)} min; each from its file's started and finished)"
 
 
-BLOCKS = {"cpu_kinds": cpu_kinds, "run_minutes": run_minutes, "table1": table1, "table1_settings": table1_settings, "table1_quality": table1_quality,
-          "figure1": figure1, "figure1_settings": figure1_settings}
+BLOCKS = {"cpu_kinds": cpu_kinds, "run_minutes": run_minutes, "table1": table1, "table1_settings": table1_settings,
+          "table1_quality": table1_quality, "figure1": figure1, "figure1_settings": figure1_settings}
 BLOCK = re.compile(r"(<!-- summary:(\w+)(?:@([\w-]+))? -->\n)(.*?)(<!-- /summary -->)", re.S)
 
 

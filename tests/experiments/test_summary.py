@@ -27,6 +27,17 @@ def figures(tmp_path):
     return out
 
 
+def set_first_sps_speedup(csv: Path, value: str) -> None:
+    """Write `value` into the speedup column of the first SpS row of a table1.csv."""
+    lines = csv.read_text().splitlines()
+    header = lines[0].split(",")
+    i = next(j for j, line in enumerate(lines) if ",SpS," in line)
+    cells = lines[i].split(",")
+    cells[header.index("speedup")] = value
+    lines[i] = ",".join(cells)
+    csv.write_text("\n".join(lines) + "\n")
+
+
 def test_a_changed_number_makes_the_check_fail(figures, tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("before\n<!-- summary:table1 -->\nold\n<!-- /summary -->\nafter\n")
@@ -36,14 +47,7 @@ def test_a_changed_number_makes_the_check_fail(figures, tmp_path):
     assert text.startswith("before\n") and text.endswith("<!-- /summary -->\nafter\n") and "old" not in text
     assert summary.main(["--figures", str(figures), "--check", str(doc)]) == 0
     # one speedup changed in the CSV: the rendered table differs, so the check fails
-    csv = figures / "table1.csv"
-    lines = csv.read_text().splitlines()
-    header = lines[0].split(",")
-    i = next(j for j, line in enumerate(lines) if ",SpS," in line)
-    cells = lines[i].split(",")
-    cells[header.index("speedup")] = "9.87654"
-    lines[i] = ",".join(cells)
-    csv.write_text("\n".join(lines) + "\n")
+    set_first_sps_speedup(figures / "table1.csv", "9.87654")
     assert "9.88" in summary.table1(figures)
     assert summary.main(["--figures", str(figures), "--check", str(doc)]) == 1
 
@@ -89,14 +93,7 @@ def test_a_block_at_a_subfolder_renders_that_folders_files(figures, tmp_path):
     sub.mkdir()
     for ext in ("csv", "json"):
         shutil.copy(figures / f"table1.{ext}", sub / f"table1.{ext}")
-    csv = sub / "table1.csv"
-    lines = csv.read_text().splitlines()
-    header = lines[0].split(",")
-    i = next(j for j, line in enumerate(lines) if ",SpS," in line)
-    cells = lines[i].split(",")
-    cells[header.index("speedup")] = "7.65432"
-    lines[i] = ",".join(cells)
-    csv.write_text("\n".join(lines) + "\n")
+    set_first_sps_speedup(sub / "table1.csv", "7.65432")
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- summary:table1 -->\n<!-- /summary -->\n<!-- summary:table1@avx2 -->\n<!-- /summary -->\n")
     assert summary.main(["--figures", str(figures), "--write", str(doc)]) == 0
