@@ -87,6 +87,14 @@ def chisquare_power(n, w2, cells, alpha):
 TINY_STORE = [[0, 3, 2, 4, 0, 3, 4, 2], [3, 2, 2, 4, 3, 0, 1], [0, 3, 4, 4, 2, 0], [2, 3, 2, 0, 4, 3, 3],
               [4, 0, 3, 2, 4, 1], [3, 3, 0, 2, 2, 3, 4]]
 
+def native_feature(target, cfg, seed):
+    """A bfloat16 feature draft (FeatureDraft picks its native step for it where the module builds)."""
+    draft = FeatureDraft.init_for(target, cfg, seed=seed)
+    draft.net.to(torch.bfloat16)
+    draft.net.attach(target, torch.bfloat16)
+    return FeatureDraft(draft.net, target)
+
+
 # every draft strategy, on the same harness: (name, factory(target, draft) -> draft object)
 DRAFTS = [
     ("datastore", lambda target, draft: DatastoreDraft(Datastore(TINY_STORE, max_ngram=3), target.config.vocab_size)),
@@ -96,6 +104,9 @@ DRAFTS = [
     ("feature", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, seed=3)),
     # a reduced draft vocabulary: p is zero outside tokens {0, 1, 3}, still a proper distribution
     ("feature-reduced-vocab", lambda target, draft: FeatureDraft.init_for(target, {"ffn": 32}, keep=torch.tensor([0, 1, 3]), seed=4)),
+    # EAGLE-3's fused features (layer 0's output beside the final hidden state), bfloat16: its steps run in the
+    # native pass where the module builds
+    ("feature-native-fused", lambda target, draft: native_feature(target, {"ffn": 32, "taps": [0]}, seed=7)),
     ("heads", lambda target, draft: HeadsDraft.init_for(target, {"heads": 3}, seed=5)),
     # adaptive lookahead: the draft stops when unsure of its next token
     ("adaptive", lambda target, draft: ModelDraft(draft, confidence_threshold=0.6)),

@@ -164,7 +164,7 @@ def sampling_loop(runner: Runner, proposer: Proposer | None, prompt: torch.Tenso
     (specrepro.algorithm.tree). The runner is reset first and left holding the sequence.
     """
     wants = proposer is not None and proposer.wants_target_hidden
-    with hidden_kept(runner, wants):
+    with hidden_kept(runner, wants, getattr(proposer, "target_taps", ())):
         return _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, generator, tree, rules,
                      wants)
 

@@ -226,6 +226,7 @@ class LeanRunner:
         # float32 on CPU: `attend` computes there in float32 (the values stored are the dtype's, rounded)
         self.cache_dtype = torch.float32 if self.device.type == "cpu" and self.float32_cache_on_cpu else self.dtype
         self._native = None
+        self._taps: tuple[int, ...] = ()
         if self.backend == "native":
             from . import native
 
@@ -301,7 +302,8 @@ class LeanRunner:
         if self._native is not None:
             return self._native_pass(ids, start, positions, mask, head is not None)
         return self._block(ids, start, self.embed, head, self.norm, self.layers, self.k_cache, self.v_cache,
-                           self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads, self.head_dim, mask)
+                           self.cos[positions], self.sin[positions], self.n_heads, self.n_kv_heads, self.head_dim, mask,
+                           self._taps)
 
     def _native_pass(self, ids, start: int, positions, mask, logits: bool):
         """_pass through the native model, in blocks of up to native.MAX_ROWS tokens (a prompt): each row's
@@ -316,9 +318,36 @@ class LeanRunner:
             parts.append(self._native.forward(ids[c0:c1], start + c0, self._cos32[rows], self._sin32[rows],
                                               None if mask is None else mask[c0:c1, : start + c1], self.k_cache,
                                               self.v_cache, logits))
-        hidden = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
-        out = (torch.cat([lg for _, lg in parts]) if len(parts) > 1 else parts[0][1]) if logits else None
+        hidden = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        out = (torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]) if logits else None
+        if self._taps:  # EAGLE-3's fused features: the tapped layers' outputs, then the final hidden state
+            tapped = torch.cat([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
+            hidden = torch.cat([tapped.flatten(1), hidden], 1)
         return hidden.to(self.dtype), out
+
+    @property
+    def hidden_taps(self) -> tuple[int, ...]:
+        """Layers whose outputs (the residual stream after them) `hidden` holds before the final hidden state:
+        with taps (l, m), hidden is [n, 3H] = [layer l's out, layer m's out, final normed] (a fused-feature
+        draft's input). Empty (default): hidden is the final hidden state [n, H]. Runners that replace the pass
+        (static, frozen, batch) refuse taps."""
+        return self._taps
+
+    @hidden_taps.setter
+    def hidden_taps(self, taps) -> None:
+        taps = tuple(int(t) for t in taps)
+        if taps == self._taps:
+            return
+        if taps and not self.supports_native:
+            raise ValueError(f"{type(self).__name__} replaces the lean pass and gives no hidden_taps: run a draft that "
+                             "reads target layers with LeanRunner or HFRunner")
+        bad = [t for t in taps if not 0 <= t < len(self.layers) - 1]
+        if bad:
+            raise ValueError(f"hidden_taps {bad} are not layers 0..{len(self.layers) - 2} of this {len(self.layers)}-layer "
+                             "model (the last layer's output is the final hidden state, which hidden always holds)")
+        if self._native is not None:
+            self._native.set_taps(list(taps))
+        self._taps = taps
 
     def _grow(self, needed: int) -> None:
         """(Re)allocate the cache for at least `needed` positions, keeping what is cached."""
@@ -380,13 +409,15 @@ def causal_mask(start: int, n: int, device) -> torch.Tensor | None:
 
 
 def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_heads, n_kv_heads, head_dim,
-           tree_mask=None):
+           tree_mask=None, taps=()):
     """Embed n new tokens into cache slots start.., run every layer writing the cache, return (hidden, logits).
-    cos/sin are at the tokens' positions (start.. unless a tree); tree_mask [n, start + n] replaces the causal one."""
+    cos/sin are at the tokens' positions (start.. unless a tree); tree_mask [n, start + n] replaces the causal one.
+    taps: layers whose outputs hidden holds before the final hidden state (LeanRunner.hidden_taps)."""
     n = ids.shape[0]
     end = start + n
     mask = causal_mask(start, n, ids.device) if tree_mask is None else tree_mask
     x = F.embedding(ids, embed)  # [n, H]
+    tapped = []
     for i, (ln1, qkv, wo, ln2, gate_up, down) in enumerate(layers):
         q, k, v = heads_qkv(rms_norm(x, ln1), qkv, n_heads, n_kv_heads, head_dim, cos, sin)
         k_cache[i, :, :, start:end] = k
@@ -394,8 +425,10 @@ def _block(ids, start, embed, head, norm, layers, k_cache, v_cache, cos, sin, n_
         o = attend(q, k_cache[i, :, :, :end], v_cache[i, :, :, :end], mask)
         x = x + wo(o.transpose(1, 2).reshape(n, n_heads * head_dim))[0]
         x = x + mlp(rms_norm(x, ln2), gate_up, down)
+        if i in taps:
+            tapped.append(x)
     x = rms_norm(x, norm)
-    return x, None if head is None else head(x)[0]
+    return (torch.cat([*tapped, x], -1) if taps else x), None if head is None else head(x)[0]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -1007,16 +1007,70 @@ class Model {
     head_ = head;
   }
 
+  // An input projection (a draft fed with features, not token ids): forward_features(x [n, in]) runs it on x
+  // (bfloat16-rounded inputs as every product) and feeds its [n, H] out to the first layer.
+  void set_input(const Packed& input) {
+    TORCH_CHECK(input.n == hidden_ && input.k >= 1, "input projection is ", input.n, " x ", input.k,
+                ", expected ", hidden_, " outputs (the hidden size)");
+    input_ = input;
+  }
+
+  // Layers whose output (the residual stream after them) each pass also returns, in this order (EAGLE-3's
+  // low, middle and top features); none by default.
+  void set_taps(const std::vector<int64_t>& taps) {
+    for (int64_t t : taps)
+      TORCH_CHECK(t >= 0 && t < static_cast<int64_t>(layers_.size()), "tap layer ", t, " is not one of the model's ",
+                  layers_.size(), " layers (add them before set_taps)");
+    taps_ = taps;
+  }
+
   // ids [n] int64; cos, sin float32 [n, head_dim] at the tokens' positions; mask bool [n, start + n] or None
   // (causal); caches float32 [layers, 1, kv_heads, capacity, head_dim], written at slots start..start + n.
-  // Returns (hidden float32 [n, H] after the final norm, logits float32 [n, V] or None).
-  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, int64_t start, const at::Tensor& cos,
-                                             const at::Tensor& sin, const std::optional<at::Tensor>& mask,
-                                             at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
-    const int64_t n = ids.numel(), h = hidden_, d = head_dim_, end = start + n;
+  // Returns (hidden float32 [n, H] after the final norm, logits float32 [n, V] or None, taps float32
+  // [n, taps, H]).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids, int64_t start, const at::Tensor& cos,
+                                                         const at::Tensor& sin, const std::optional<at::Tensor>& mask,
+                                                         at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
+    TORCH_CHECK(ids.dim() == 1 && ids.numel() >= 1, "ids must be a non-empty 1-D tensor, got shape ", ids.sizes());
+    at::Tensor x = embed_.index_select(0, ids.to(at::kLong)).to(at::kFloat).contiguous();  // residual stream
+    return run(x, start, cos, sin, mask, k_cache, v_cache, logits);
+  }
+
+  // As forward, from features [n, F] (float32) instead of token ids: through the input projection when one
+  // is set, else F must be the hidden size and the features are the residual stream entering layer 0.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_features(const at::Tensor& features, int64_t start,
+                                                                  const at::Tensor& cos, const at::Tensor& sin,
+                                                                  const std::optional<at::Tensor>& mask,
+                                                                  at::Tensor& k_cache, at::Tensor& v_cache,
+                                                                  bool logits) {
+    TORCH_CHECK(features.dim() == 2 && features.size(0) >= 1, "features must be [n, width] with n >= 1, got shape ",
+                features.sizes());
+    const int64_t n = features.size(0);
+    if (input_.n == 0) {
+      TORCH_CHECK(features.size(1) == hidden_, "features are ", features.size(1), " wide, the hidden size is ", hidden_,
+                  " (no input projection was set)");
+      return run(features.to(at::kFloat).contiguous().clone(), start, cos, sin, mask, k_cache, v_cache, logits);
+    }
+    TORCH_CHECK(features.size(1) == input_.k, "features are ", features.size(1), " wide, the input projection reads ",
+                input_.k);
+    at::Tensor f = features.to(at::kFloat).contiguous();
+    at::Tensor pairs = at::empty({n, input_.kp}, at::kInt);
+    auto* xp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+    to_pairs(f.data_ptr<float>(), n, input_.k, input_.k, xp, input_.kp);
+    at::Tensor x = at::empty({n, input_.width()}, at::kFloat);
+    gemv(input_, xp, n, input_.kp, x.data_ptr<float>());
+    if (input_.width() != hidden_) x = x.narrow(1, 0, hidden_).contiguous();
+    return run(x, start, cos, sin, mask, k_cache, v_cache, logits);
+  }
+
+ private:
+  // the pass from the residual stream x [n, H] (float32, contiguous, updated in place)
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> run(at::Tensor x, int64_t start, const at::Tensor& cos,
+                                                     const at::Tensor& sin, const std::optional<at::Tensor>& mask,
+                                                     at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
+    const int64_t n = x.size(0), h = hidden_, d = head_dim_, end = start + n;
     const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d;
     TORCH_CHECK(!layers_.empty(), "the model has no layers");
-    TORCH_CHECK(ids.dim() == 1 && n >= 1, "ids must be a non-empty 1-D tensor, got shape ", ids.sizes());
     TORCH_CHECK(start >= 0, "start must be >= 0, got ", start);
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes(), "caches must be [layers, 1, kv_heads, capacity, "
                 "head_dim] and alike, got keys ", k_cache.sizes(), " and values ", v_cache.sizes());
@@ -1047,8 +1101,8 @@ class Model {
     float* vc = v_cache.data_ptr<float>();
 
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor x = embed_.index_select(0, ids.to(at::kLong)).to(at::kFloat).contiguous();  // residual stream
     float* xs = x.data_ptr<float>();
+    at::Tensor tapped = at::empty({n, static_cast<int64_t>(taps_.size()), h}, f32);
     const Layer& l0 = layers_.front();
     const int64_t inter = l0.down.k;
     const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.gate_up.kp, l0.down.kp, head_.kp});
@@ -1112,6 +1166,11 @@ class Model {
         for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
           for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.down.width() + i];
+        for (size_t j = 0; j < taps_.size(); ++j)
+          if (taps_[j] == static_cast<int64_t>(li))
+            for (int64_t t = 0; t < n; ++t)
+              std::memcpy(tapped.data_ptr<float>() + (t * static_cast<int64_t>(taps_.size()) + j) * h, xs + t * h,
+                          h * sizeof(float));
       });
     }
     at::Tensor hidden = at::empty({n, h}, f32);
@@ -1124,15 +1183,16 @@ class Model {
       gemv(head_, xp, n, head_.kp, out.data_ptr<float>());
       if (head_.width() != head_.n) out = out.narrow(1, 0, head_.n);
     }
-    return {hidden, out};
+    return {hidden, out, tapped};
   }
 
- private:
   at::Tensor embed_, norm_;
   float eps_;
   int64_t heads_, kv_heads_, head_dim_, hidden_;
   std::vector<Layer> layers_;
   Packed head_{at::zeros({0, 0, kLanes}, at::kInt), std::nullopt, 0, 0};
+  Packed input_{at::zeros({0, 0, kLanes}, at::kInt), std::nullopt, 0, 0};
+  std::vector<int64_t> taps_;
 };
 
 // Y = X W^T for one packed weight: the kernel alone, for tests and the per-op profile
@@ -1185,7 +1245,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<at::Tensor, at::Tensor, double, int64_t, int64_t, int64_t>())
       .def("add_layer", &Model::add_layer)
       .def("set_head", &Model::set_head)
-      .def("forward", &Model::forward, py::call_guard<py::gil_scoped_release>());
+      .def("set_input", &Model::set_input)
+      .def("set_taps", &Model::set_taps)
+      .def("forward", &Model::forward, py::call_guard<py::gil_scoped_release>())
+      .def("forward_features", &Model::forward_features, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);

@@ -59,15 +59,24 @@ def as_runner(target) -> Runner:
 
 
 @contextlib.contextmanager
-def hidden_kept(runner: Runner, wanted: bool):
-    """The runner keeps its last-layer hidden states while the block runs, if `wanted`; its own setting is
-    restored afterwards, so a caller's (tuned) runner is left as it was given."""
-    before = runner.keep_hidden
+def hidden_kept(runner: Runner, wanted: bool, taps: tuple[int, ...] = ()):
+    """The runner keeps its last-layer hidden states while the block runs, if `wanted`, preceded by the
+    outputs of layers `taps` (a fused-feature draft's input; runners without `hidden_taps` refuse taps); its own
+    settings are restored afterwards, so a caller's (tuned) runner is left as it was given."""
+    taps = tuple(taps) if wanted else ()
+    if taps and not hasattr(runner, "hidden_taps"):
+        raise TypeError(f"the draft reads the outputs of target layers {list(taps)}, which a "
+                        f"{type(runner).__name__} does not give (LeanRunner with the native pass and HFRunner do)")
+    before, before_taps = runner.keep_hidden, getattr(runner, "hidden_taps", ())
     runner.keep_hidden = before or wanted
+    if taps or before_taps:
+        runner.hidden_taps = taps
     try:
         yield runner
     finally:
         runner.keep_hidden = before
+        if taps or before_taps:
+            runner.hidden_taps = before_taps
 
 
 def cache_argument(version: str | None = None) -> str:
@@ -92,7 +101,23 @@ class HFRunner:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = vocab_size(model)
         self.context_window = context_window(model)
+        self._taps: tuple[int, ...] = ()
         self.reset()
+
+    @property
+    def hidden_taps(self) -> tuple[int, ...]:
+        """As LeanRunner.hidden_taps: layers whose outputs `hidden` holds before the final hidden state."""
+        return self._taps
+
+    @hidden_taps.setter
+    def hidden_taps(self, taps) -> None:
+        taps = tuple(int(t) for t in taps)
+        layers = self.model.config.num_hidden_layers
+        bad = [t for t in taps if not 0 <= t < layers - 1]
+        if bad:
+            raise ValueError(f"hidden_taps {bad} are not layers 0..{layers - 2} of this {layers}-layer model (the last "
+                             "layer's output is the final hidden state, which hidden always holds)")
+        self._taps = taps
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -148,8 +173,12 @@ class HFRunner:
         if not (self.keep_hidden or not head):
             return self.model(input_ids=ids, position_ids=positions, use_cache=True, **extra).logits
         # the base model alone: the normed last hidden state feeds feature drafts, the head is optional
-        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, use_cache=True, **extra)
+        taps = self.hidden_taps if self.keep_hidden else ()
+        out = self.model.get_decoder()(input_ids=ids, position_ids=positions, use_cache=True,
+                                       output_hidden_states=bool(taps), **extra)
         self.hidden = out.last_hidden_state[0] if self.keep_hidden else None
+        if taps:  # hidden_states[i + 1] is layer i's output; the last one is the normed final state
+            self.hidden = torch.cat([out.hidden_states[t + 1][0] for t in taps] + [self.hidden], -1)
         return self.model.get_output_embeddings()(out.last_hidden_state) if head else None
 
     def rollback(self, length: int) -> None:

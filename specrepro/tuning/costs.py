@@ -54,7 +54,7 @@ def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
     for name, (target, draft) in pairs.items():
         proposer = as_draft(draft) if draft is not None else None
         wants = bool(proposer is not None and proposer.wants_target_hidden)
-        runner = kept.enter_context(hidden_kept(as_runner(target), wants))
+        runner = kept.enter_context(hidden_kept(as_runner(target), wants, getattr(draft, "target_taps", ())))
         runner.reset()
         runner.forward(prefix[:-1].to(runner.device))
         hidden = runner.hidden if wants else None  # the prompt's target features, for feature drafts
