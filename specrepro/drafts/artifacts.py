@@ -45,10 +45,11 @@ def tied_head(net) -> set[str]:
     return {"lm_head.weight"} if getattr(getattr(net, "config", None), "tie_word_embeddings", False) else set()
 
 
-def load_weights(net, weights: dict) -> None:
-    """Load exported weights (any float dtype) into net; a tied LM head may be absent (it is the embedding)."""
+def load_weights(net, weights: dict, new=()) -> None:
+    """Load exported weights (any float dtype) into net; a tied LM head may be absent (it is the embedding), and
+    so may the parameters named in `new` (a net that adds them to the one exported keeps their initial values)."""
     missing, unexpected = net.load_state_dict(weights, strict=False)
-    tied = tied_head(net)
+    tied = tied_head(net) | set(new)
     if set(missing) - tied or unexpected:
         raise ValueError(f"weights do not fit this draft: missing {sorted(set(missing) - tied)}, "
                          f"unexpected {sorted(unexpected)}")

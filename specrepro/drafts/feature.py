@@ -42,6 +42,10 @@ class FeatureNet(nn.Module, FrozenTargetParts):
             raise ValueError(f"taps {list(self.taps)} are not layers 0..{c.num_hidden_layers - 2} of the target (its "
                              "last layer's output is the final hidden state, which the draft reads anyway)")
         self.fuse = nn.Linear((len(self.taps) + 1) * h, h, bias=False) if self.taps else None
+        if self.fuse is not None:  # start as the unfused draft: fuse passes h through and ignores the taps
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -h:] = torch.eye(h)
         head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
         self.layer = DecoderLayer(h, c.num_attention_heads, c.num_key_value_heads, head_dim, cfg["ffn"],
                                   _rope_theta(c), c.rms_norm_eps)

@@ -81,20 +81,26 @@ def tensor_sha(t: torch.Tensor) -> str:
 
 
 def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: float | None, progress: bool):
-    text = distill_data(target, tokenizer, "text", cfg)
+    # text_data false: the target-written shards alone (a written_only draft learns nothing from the text pass,
+    # which holds no tapped layers for a fused one)
+    text = distill_data(target, tokenizer, "text", cfg) if cfg.get("text_data", True) else None
     paths = build_shards(target, tokenizer, cfg, work_root / "data", data_deadline, progress)
-    parts = [text] + ([load_shards(paths)] if paths else [])
+    parts = ([text] if text is not None else []) + ([load_shards(paths)] if paths else [])
+    if not parts:
+        raise ValueError("no training data: text_data is false and no shard was built (raise --data-minutes)")
     data = merge(parts) if len(parts) > 1 else parts[0]
     gen_positions = int(sum(torch.load(p, weights_only=True)["gen_mask"].sum() for p in paths)) if paths else 0
     manifest = {
         "text": {"source": "news train articles and CPython stdlib modules, as written (distill.py)",
                  "news_tokens": cfg["news_tokens"], "code_tokens": cfg["code_tokens"],
-                 "positions": len(text["tokens"]), "tokens_sha256": tensor_sha(text["tokens"])},
+                 "positions": len(text["tokens"]), "tokens_sha256": tensor_sha(text["tokens"])} if text is not None
+                else {"source": "none (text_data false)", "positions": 0},
         "shards": {"source": "news train summarisation requests and stdlib code prefixes continued by the "
                              "target, 32 per batched generate call; shards alternate news and code, and greedy "
                              "and T=1 in pairs (shards.py)",
                    "count": len(paths), "prompts": len(paths) * cfg["shard_size"],
-                   "positions": len(data["tokens"]) - len(text["tokens"]), "target_written": gen_positions,
+                   "positions": len(data["tokens"]) - (len(text["tokens"]) if text is not None else 0),
+                   "target_written": gen_positions,
                    "files_sha256": [file_sha256(p)[:16] for p in paths]},
         "total_positions": len(data["tokens"]),
         "never_read": "HumanEval, news eval split",
@@ -163,13 +169,14 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
     if kind != "small":
         if saved is not None:
             keep = saved["model"]["keep"]
-        elif continue_from is not None:
+        elif continue_from is not None and cfg.get("keep_from") != "data":
             keep = load_file(str(Path(continue_from) / "net.safetensors"))["keep"]
-        else:
+        else:  # the head is the target's, frozen: any kept set fits the weights, so it may come from the data
             keep = frequent_tokens(data, cfg["head_vocab"], special=sorted(set(tokenizer.all_special_ids)))
     net = build_net(kind, target, cfg, keep if keep is not None and keep.numel() else None)
     if continue_from is not None and saved is None:
-        load_weights(net, load_file(str(Path(continue_from) / "net.safetensors")))
+        # a fused draft may continue from an unfused one: its `fuse` starts as the pass-through of h
+        load_weights(net, load_file(str(Path(continue_from) / "net.safetensors")), new=("fuse.weight",))
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])

@@ -71,8 +71,17 @@ def feature_loss(net: FeatureNet, batch: dict, cfg: dict) -> torch.Tensor:
     steps = int(cfg.get("ttt_steps", 1))
     h = batch["hidden"].float()
     width = h.shape[1] - steps  # roots r = 0..width-1; step j's output at root r stands for position r + j
+    inp = h[:, :width]
+    if net.fuse is not None:  # EAGLE-3: the roots read the tapped layers' outputs beside h, fused
+        if "taps" not in batch:
+            raise ValueError(f"the draft fuses target layers {list(net.taps)}, but its data holds no taps "
+                             "(build it with the config's taps)")
+        taps = batch["taps"][:, :width].float()
+        if taps.shape[2] != len(net.taps):
+            raise ValueError(f"the data holds {taps.shape[2]} tapped layers, the draft fuses {len(net.taps)}")
+        inp = net.features(torch.cat([taps.flatten(2), inp], -1))
     # noise stands in for the draft's own, imperfect features it rolls forward on at decode time
-    inp = h[:, :width] + cfg["noise"] * torch.randn_like(h[:, :width]) * h[:, :width].std()
+    inp = inp + cfg["noise"] * torch.randn_like(inp) * inp.detach().std()
     outs = unroll(net, inp, batch["tokens"], steps)
     return sum(_step_loss(net, f, h[:, j : j + width], batch, j, width, cfg) for j, f in enumerate(outs, 1)) / steps
 

@@ -83,7 +83,7 @@ def window_starts(data: dict, length: int) -> torch.Tensor:
 def get_batch(data: dict, starts: torch.Tensor, cfg: dict, length: int, gen: torch.Generator) -> dict:
     pick = starts[torch.randint(len(starts), (cfg["batch"],), generator=gen)]
     index = pick[:, None] + torch.arange(length)[None]
-    names = ("tokens", "top_ids", "top_p", "rest", "hidden")
+    names = ("tokens", "top_ids", "top_p", "rest", "hidden", "taps")
     batch = {name: data[name][index] for name in names if name in data}
     batch["mask"] = data["gen_mask"][index]
     return batch

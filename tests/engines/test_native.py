@@ -351,7 +351,8 @@ def test_the_native_model_checks_every_shape_it_reads():
     count of 0 divided by zero, a model without layers read past its list, a wrong cache shape read or wrote
     outside it)."""
     module = native.load()
-    hidden, logits = hand_forward(hand_model())  # the valid model runs
+    hidden, logits, taps = hand_forward(hand_model())  # the valid model runs (no taps asked: none returned)
+    assert taps.shape == (2, 0, 8)
     assert hidden.shape == (2, 8) and logits.shape == (2, 16) and torch.isfinite(logits).all()
     embed, norm = torch.randn(16, 8), torch.ones(8)
     errors = [

@@ -82,3 +82,48 @@ def test_the_config_and_window_hold_the_unroll():
         + [False, False, True, False]
     with pytest.raises(ValueError, match="unknown settings"):
         make_config("feature", "tiny", ttt=3)
+
+
+def fused_net_and_batch(steps, width=9, seed=0):
+    """A draft fusing layer 0's output with h (EAGLE-3) and a batch holding that layer's output as taps."""
+    target = tiny_llama(0, vocab=VOCAB, layers=2)
+    torch.manual_seed(seed)
+    net = feature.FeatureNet(target, feature.DEFAULTS | {"ffn": 32, "ttt_steps": steps, "taps": [0], "noise": 0.0})
+    torch.nn.init.normal_(net.fuse.weight, std=0.2)
+    _, batch = net_and_batch(steps, width, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    batch["taps"] = torch.randn(2, width + steps, 1, target.config.hidden_size, generator=g)
+    return net, batch
+
+
+@torch.no_grad()
+def test_fused_roots_read_what_drafting_feeds_them():
+    """Training's step 1 from fused roots is drafting's first step from the runner's [taps ; h] rows, and later
+    steps roll forward on the draft's own features as drafting does."""
+    steps, width = 3, 9
+    net, batch = fused_net_and_batch(steps, width)
+    h, tokens = batch["hidden"], batch["tokens"]
+    rows = torch.cat([batch["taps"].flatten(2), h], -1)  # what hidden_taps = (0,) gives: [n, 2H]
+    fused = net.features(rows[:, :width])
+    outs = losses.unroll(net, fused, tokens, steps)
+    for r in (0, 5, width - 1):
+        cache = KVCache()
+        f = net.step(rows[:, : r + 1], tokens[:, 1 : r + 2], torch.arange(r + 1), cache)[:, -1:]
+        for j in range(1, steps + 1):
+            if j > 1:
+                f = net.step(f, tokens[:, r + j : r + j + 1], torch.tensor([r + j - 1]), cache)
+            assert torch.allclose(outs[j - 1][:, r], f[:, 0], atol=1e-5), (r, j)
+    # the loss reads the same fused roots (noise 0 here)
+    loss = losses.feature_loss(net, batch, net.cfg)
+    expected = sum(losses._step_loss(net, f, h[:, j : j + width].float(), batch, j, width, net.cfg)
+                   for j, f in enumerate(outs, 1)) / steps
+    assert torch.allclose(loss, expected, atol=1e-5)
+
+
+def test_a_fused_draft_refuses_data_without_its_taps():
+    net, batch = fused_net_and_batch(2)
+    with pytest.raises(ValueError, match="holds no taps"):
+        losses.feature_loss(net, {k: v for k, v in batch.items() if k != "taps"}, net.cfg)
+    batch["taps"] = torch.cat([batch["taps"], batch["taps"]], 2)
+    with pytest.raises(ValueError, match="2 tapped layers"):
+        losses.feature_loss(net, batch, net.cfg)
