@@ -46,7 +46,9 @@ def measure_drafts(target, draft_specs: list[str], prompts: dict[str, list[dict]
                 if r["K"] > 0:
                     rows.append({"draft": spec, "task": r["task"], "temperature": temp, "K": r["K"],
                                  "tree": r["tree"], "nodes": r["nodes"], "a": r["a"],
-                                 "acceptance_rate": r["acceptance_rate"], "tau": r["tau"],
+                                 "acceptance_rate": r["acceptance_rate"],
+                                 "acceptance_by_position": [round(x, 4) for x in r["acceptance_by_position"]],
+                                 "tau": r["tau"],
                                  "tau_ci_low": r["tau_ci_low"], "tau_ci_high": r["tau_ci_high"], "c": r["c"],
                                  "v": r["v"], "speedup": r["speedup"], "speedup_ci_low": r["speedup_ci_low"],
                                  "speedup_ci_high": r["speedup_ci_high"], "predicted_speedup": r["predicted_speedup"],

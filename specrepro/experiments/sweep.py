@@ -57,6 +57,20 @@ def run_lookahead_sweep(target, draft, prompts: dict[str, list[dict]], lookahead
     return {"rows": rows, "costs": costs}
 
 
+def acceptance_by_position(accepted: list[int], proposed: list[int]) -> list[float]:
+    """Acceptance of the i-th proposed token given that tokens 1..i-1 were accepted, i = 1..max proposed, from
+    the per-loop counts of a chain: loop j reached position i when accepted[j] >= i - 1 and proposed[j] >= i, and
+    accepted it when accepted[j] >= i (nan where no loop reached it)."""
+    if len(accepted) != len(proposed) or any(not 0 <= a <= p for a, p in zip(accepted, proposed)):
+        raise ValueError("accepted and proposed must be per-loop counts with 0 <= accepted <= proposed")
+    rates = []
+    for i in range(1, max(proposed, default=0) + 1):
+        reached = sum(1 for a, p in zip(accepted, proposed) if a >= i - 1 and p >= i)
+        rates.append(sum(1 for a, p in zip(accepted, proposed) if a >= i and p >= i) / reached if reached
+                     else float("nan"))
+    return rates
+
+
 def summarise_sweep(records: list[dict], costs: dict, lookaheads, trees=()) -> list[dict]:
     """Per (task, K), then per (task, tree): ms/token, speedup over K = 0 on the same prompts and tau, each
     with a bootstrap 95% CI over prompts; acceptance, latency percentiles, and for chains the Leviathan
@@ -98,6 +112,9 @@ def summarise_sweep(records: list[dict], costs: dict, lookaheads, trees=()) -> l
                 "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi, "tau_over_K1": tau / (k + 1),
                 "acceptance_rate": (sum(acc) / sum(prop)) if sum(prop) else float("nan"),
                 "acceptance_mle_K": acceptance_mle(acc, prop) if k and not tree else float("nan"),
+                # chains: acceptance of proposed token i given 1..i-1 accepted (a draft with a stop rule
+                # proposes fewer than K on some loops; each position counts the loops that reached it)
+                "acceptance_by_position": acceptance_by_position(acc, prop) if k and not tree else [],
                 "ms_per_loop": 1000 * statistics.median(loops),
                 "p50_ms": 1000 * float(np.percentile(lat, 50)), "p90_ms": 1000 * float(np.percentile(lat, 90)),
                 "p99_ms": 1000 * float(np.percentile(lat, 99)),

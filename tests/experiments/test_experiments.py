@@ -142,6 +142,21 @@ def test_acceptance_mle_and_prediction():
     assert predicted_speedup(a, k, c, v) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + v)))
 
 
+def test_acceptance_by_position_counts_the_loops_that_reached_each_position():
+    from specrepro.experiments.sweep import acceptance_by_position
+
+    # loops (accepted of proposed): 3/3, 0/3, 1/3, 2/2 (a stop rule proposed 2)
+    rates = acceptance_by_position([3, 0, 1, 2], [3, 3, 3, 2])
+    # position 1: all 4 reached, 3 accepted; 2: loops 1, 3, 4 reached, 1 and 4 accepted; 3: loop 1 (3/3) reached
+    # and accepted, loop 4 reached position 3's turn but proposed only 2, so it does not count
+    assert rates == pytest.approx([3 / 4, 2 / 3, 1.0])
+    assert acceptance_by_position([0, 0], [1, 1]) == [0.0]
+    nan = acceptance_by_position([0], [2])
+    assert nan[0] == 0.0 and nan[1] != nan[1]  # position 2 never reached
+    with pytest.raises(ValueError, match="per-loop counts"):
+        acceptance_by_position([3], [2])
+
+
 def test_per_token_latency_and_emitted_counts():
     gen = type("G", (), {"tokens": torch.arange(5), "accepted": [2, 0, 3], "proposed": [3, 3, 3],
                          "loop_seconds": [0.3, 0.1, 0.4], "seconds": 1.0, "target_calls": 3, "draft_calls": 9})()
