@@ -91,8 +91,9 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
                  "news_tokens": cfg["news_tokens"], "code_tokens": cfg["code_tokens"],
                  "positions": len(text["tokens"]), "tokens_sha256": tensor_sha(text["tokens"])},
         "shards": {"source": "news train summarisation requests and stdlib code prefixes continued by the "
-                             "target, 32 per batched generate call; shards alternate news and code, and greedy "
-                             "and T=1 in pairs (shards.py)",
+                             + ("target in batched native passes (nativegen.py)" if cfg.get("generator") == "native"
+                                else f"target, {cfg['shard_size']} per batched generate call")
+                             + "; shards alternate news and code, and greedy and T=1 in pairs (shards.py)",
                    "count": len(paths), "prompts": len(paths) * cfg["shard_size"],
                    "positions": len(data["tokens"]) - len(text["tokens"]), "target_written": gen_positions,
                    "files_sha256": [file_sha256(p)[:16] for p in paths]},
