@@ -25,7 +25,6 @@ to the live sequences' slots (LeanRunner.compact moves them down; the mask follo
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import time
 from collections import deque
@@ -42,16 +41,24 @@ DEFAULT_CAPACITY = 8192
 
 def make_runner(model, capacity: int | None = None, taps=None) -> LeanRunner:
     """A bfloat16 native LeanRunner keeping hidden states, its cache for `capacity` slots (default the model's
-    context window, at most DEFAULT_CAPACITY). taps=(i, j) asks the runner for residual features after those
-    layers (runner.taps); a runner without that option is refused with a ValueError."""
+    context window, at most DEFAULT_CAPACITY). taps=(i, j): its `hidden` also holds the outputs of those layers
+    (LeanRunner.hidden_taps: [n, (T + 1) H], the tapped layers first), which the shard keeps as "taps"."""
     window = getattr(model.config, "max_position_embeddings", None) or DEFAULT_CAPACITY
     capacity = min(capacity or DEFAULT_CAPACITY, window)
-    kwargs = {}
+    runner = LeanRunner(model, dtype=torch.bfloat16, backend="native", keep_hidden=True, capacity=capacity)
     if taps:
-        if "taps" not in inspect.signature(LeanRunner).parameters:
-            raise ValueError(f"taps {tuple(taps)} asked for, but this LeanRunner has no taps option")
-        kwargs["taps"] = tuple(taps)
-    return LeanRunner(model, dtype=torch.bfloat16, backend="native", keep_hidden=True, capacity=capacity, **kwargs)
+        runner.hidden_taps = tuple(taps)  # a layer out of range is refused there, with the reason
+    return runner
+
+
+def split_hidden(runner) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(final hidden [n, H], tapped layers' outputs [n, T, H] or None) of the runner's last pass."""
+    taps = getattr(runner, "hidden_taps", ())
+    if not taps:
+        return runner.hidden, None
+    n, h = runner.hidden.shape[0], runner.hidden_size
+    rows = runner.hidden.view(n, len(taps) + 1, h)
+    return rows[:, -1], rows[:, :-1]
 
 
 def visible(owner: torch.Tensor, row_seq: torch.Tensor, length: int) -> torch.Tensor:
@@ -91,7 +98,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     less the last generated token; sequences whose continuation has fewer than 2 tokens are dropped, as there)
     `tokens`, `starts` (cumulative boundaries from 0), `top_ids` int32 / `top_p` float32 [N, top_k], `rest`, `hidden`
     float16 [N, H] (the runner's bfloat16 final-norm hidden state), `gen_mask` (positions whose next token the
-    target wrote), and `taps` float16 [N, T, H] where the runner exposes `runner.taps`. `stats`, if a dict, receives
+    target wrote), and `taps` float16 [N, T, H] where the runner has hidden_taps (make_runner(taps=...)). `stats`, if a dict, receives
     counts and seconds (target-written tokens, passes, rows, ...).
     """
     _check(prompts, new_tokens, batch, top_k, max_rows)
@@ -161,8 +168,8 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         parts["top_ids"].append(top_ids.int())
         parts["top_p"].append(top_p)
         parts["rest"].append((1 - top_p.sum(-1)).clamp_min(0))
-        parts["hidden"].append(runner.hidden.half())
-        taps = getattr(runner, "taps", None)
+        hidden, taps = split_hidden(runner)
+        parts["hidden"].append(hidden.half())
         if taps is not None:
             parts["taps"].append(taps.half())
         row = 0

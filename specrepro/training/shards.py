@@ -23,8 +23,9 @@ keep their folder):
   summary), round r using request r % 6 on the article from its 3 * (r // 6)-th sentence, so a build of >= 1M
   tokens does not repeat greedy prompts once the articles' sentences run out. Longer continuations are
   `shard_new_tokens`; further T = 1 samples of a prompt come from later sampled shards (seed 1000 + index).
-- `taps` (default none): layer indices (i, j) whose residual features the native runner exposes as
-  `runner.taps` [n, T, H]; stored as "taps" (float16) where the runner has them.
+- `taps` (default none): layer indices (i, j) whose outputs (the residual stream after them) the native runner
+  gives beside the final hidden state (LeanRunner.hidden_taps), stored as "taps" float16 [n, T, H]: the inputs of
+  a fused-feature (EAGLE-3) draft.
 Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
 B, threads and the load averages before and after (the machine is shared: they say what else ran).
 """

@@ -1,7 +1,6 @@
 """Batched native generation of target-written data (specrepro/training/nativegen.py): a sequence generated beside
 others in one interleaved cache is bit for bit the sequence generated alone, and equals a plain one-sequence
 LeanRunner loop; T = 1 is reproducible and samples from the rows it records; gen_mask, EOS and bad input."""
-import inspect
 import math
 import shutil
 
@@ -240,22 +239,24 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     assert record["generator"] == "native" and record["target_written_tokens"] > 0 and math.isfinite(record["seconds"])
 
 
-def test_runner_taps_are_stored_row_for_row_when_the_runner_has_them(target):
-    """Where the runner exposes `runner.taps` [n, T, H] after a pass, they land under "taps" in the rows' order
-    (a stand-in runner here whose taps are its hidden state and its negation); without them, no "taps" key."""
-    runner = make_runner(target, capacity=160)
-    forward_tree = runner.forward_tree
-
-    def with_taps(ids, positions, mask):
-        logits = forward_tree(ids, positions, mask)
-        runner.taps = torch.stack([runner.hidden, -runner.hidden], 1)
-        return logits
-
-    runner.forward_tree = with_taps
-    data = generate_batched(runner, prompts(), 24, False, batch=4, max_rows=16)
-    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 2, 64)
-    assert torch.equal(data["taps"][:, 0], data["hidden"]) and torch.equal(data["taps"][:, 1], -data["hidden"])
-    assert "taps" not in batched(target, prompts())
-    if "taps" not in inspect.signature(LeanRunner).parameters:  # today's runner: asking for taps is refused
-        with pytest.raises(ValueError, match="taps"):
-            make_runner(target, taps=(0, 1))
+def test_tapped_layers_are_stored_as_each_sequence_alone_gets_them(target):
+    """With taps, the shard's "taps" [N, T, H] hold the tapped layers' outputs and "hidden" the final hidden state,
+    bit for bit what a plain runner with the same taps gives the sequence alone; the tokens are unchanged; without
+    taps there is no "taps" key; a layer the target lacks is refused."""
+    ps = prompts()
+    runner = make_runner(target, capacity=160, taps=(0,))
+    data = generate_batched(runner, ps, 24, False, batch=4, max_rows=16, seed=7)
+    plain = batched(target, ps)
+    assert torch.equal(data["tokens"], plain["tokens"]) and torch.equal(data["hidden"], plain["hidden"])
+    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
+    alone = LeanRunner(target, dtype=torch.bfloat16, backend="native", keep_hidden=True)
+    alone.hidden_taps = (0,)
+    for i in (0, 3):
+        s0, s1 = int(data["starts"][i]), int(data["starts"][i + 1])
+        alone.reset()
+        alone.forward(data["tokens"][s0:s1])
+        assert torch.equal(data["taps"][s0:s1, 0], alone.hidden[:, :64].half()), i
+        assert torch.equal(data["hidden"][s0:s1], alone.hidden[:, 64:].half()), i
+    assert "taps" not in plain
+    with pytest.raises(ValueError, match="not layers"):
+        make_runner(target, taps=(5,))
