@@ -85,7 +85,11 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
     # which holds no tapped layers for a fused one)
     text = distill_data(target, tokenizer, "text", cfg) if cfg.get("text_data", True) else None
     paths = build_shards(target, tokenizer, cfg, work_root / "data", data_deadline, progress)
-    parts = ([text] if text is not None else []) + ([load_shards(paths)] if paths else [])
+    if cfg.get("written_only") and paths:  # prompt positions no labelled window reaches are never read
+        shard_data = merge([trim_prompts(torch.load(p, weights_only=True), window_length(cfg)) for p in paths])
+    else:
+        shard_data = load_shards(paths) if paths else None
+    parts = ([text] if text is not None else []) + ([shard_data] if shard_data is not None else [])
     if not parts:
         raise ValueError("no training data: text_data is false and no shard was built (raise --data-minutes)")
     data = merge(parts) if len(parts) > 1 else parts[0]
@@ -109,6 +113,24 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
     if not cfg.get("written_only"):
         data["gen_mask"] = torch.ones_like(data["gen_mask"])  # feature/heads learn every position
     return data, len(paths), manifest
+
+
+def trim_prompts(data: dict, length: int) -> dict:
+    """Each sequence from `length` - 1 positions before its first target-written label on: a training window of
+    `length` positions with a label (trainer.window_starts) never starts earlier, so nothing dropped is ever read,
+    and a long prompt's hidden states and taps (the bulk of a shard) need not sit in memory."""
+    bounds = data["starts"].tolist()
+    keep, starts = [], [0]
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        labelled = data["gen_mask"][s:e].nonzero()
+        first = s + int(labelled[0]) if len(labelled) else e
+        lo = max(s, first - (length - 1))
+        keep.append(torch.arange(lo, e))
+        starts.append(starts[-1] + e - lo)
+    index = torch.cat(keep) if keep else torch.empty(0, dtype=torch.long)
+    out = {k: v[index] for k, v in data.items() if k != "starts"}
+    out["starts"] = torch.tensor(starts)
+    return out
 
 
 def export_state(net, cfg: dict) -> dict:
