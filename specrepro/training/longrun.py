@@ -48,7 +48,9 @@ from ..drafts.kinds import check_kind
 from ..files import file_sha256
 from ..models import load_model, specrepro_home
 
-LONG_KINDS = ("small", "feature", "heads")  # the kinds whose nets this driver exports (safetensors)
+# the kinds whose nets this driver exports (safetensors); seqkd is the small draft's shape trained on the shards'
+# target-written positions only (its config sets written_only)
+LONG_KINDS = ("small", "seqkd", "feature", "heads")
 LONG_DEFAULTS = {"shards": 40, "shard_size": 32, "shard_new_tokens": 128, "code_per_round": 200,
                  "warmup_steps": 100, "lr_min_ratio": 0.05, "checkpoint_seconds": 120, "export_minutes": 10}
 
@@ -110,6 +112,9 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
         "total_positions": len(data["tokens"]),
         "never_read": "HumanEval, news eval split",
     }
+    if cfg["kind"] in ("small", "seqkd"):  # token models read neither hidden states nor taps
+        data.pop("hidden", None)
+        data.pop("taps", None)
     if not cfg.get("written_only"):
         data["gen_mask"] = torch.ones_like(data["gen_mask"])  # feature/heads learn every position
     return data, len(paths), manifest
@@ -189,7 +194,7 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
 
     saved = torch.load(ckpt, weights_only=False) if ckpt.exists() else None
     keep = None  # the feature and heads drafts' output vocabulary (the small draft has the full one)
-    if kind != "small":
+    if kind not in ("small", "seqkd"):
         if saved is not None:
             keep = saved["model"]["keep"]
         elif continue_from is not None and cfg.get("keep_from") != "data":

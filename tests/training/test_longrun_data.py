@@ -34,3 +34,35 @@ def test_trimming_keeps_every_labelled_window_and_drops_the_rest():
     assert cut["starts"].tolist()[:2] == [0, 40 - 24] and len(cut["tokens"]) < len(data["tokens"])
     assert set(cut) == set(data) and cut["taps"].shape[1:] == (2, 3)
     assert int(cut["gen_mask"].sum()) == int(data["gen_mask"].sum())
+
+
+def test_a_seqkd_draft_trains_on_native_shards_from_the_small_draft(smollm, tmp_path):
+    """The sequence-level distillation draft: the small draft's shape continued on the target-written positions of
+    shards the native pass built (tiny data and budget here), exported and loaded as a seqkd draft."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from specrepro.algorithm.sampling import SamplingConfig
+    from specrepro.drafts import load
+    from specrepro.drafts.shipped import shipped_root
+    from specrepro.training.longrun import load_config, run
+
+    model, tokenizer = smollm
+    cfg = load_config(shipped_root() / "small" / "config.json")
+    cfg.pop("version", None)
+    cfg |= {"kind": "seqkd", "hard_weight": 0.5, "written_only": True, "text_data": False, "generator": "native",
+            "gen_batch": 4, "shards": 2, "shard_size": 2, "shard_new_tokens": 6, "code_per_round": 3,
+            "budget_minutes": 60, "max_steps": 2, "window": 16}
+    out = run(cfg, export_dir=tmp_path / "art", work=tmp_path / "work", target=model, tokenizer=tokenizer,
+              progress=False, continue_from=shipped_root() / "small")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["text"]["positions"] == 0 and manifest["shards"]["target_written"] > 0
+    assert json.loads((out / "complete.json").read_text())["steps"] == 2
+    small = load_file(str(shipped_root() / "small" / "net.safetensors"))
+    mine = load_file(str(out / "net.safetensors"))
+    assert {k: v.shape for k, v in mine.items()} == {k: v.shape for k, v in small.items()}
+    assert any(not torch.equal(mine[k], small[k]) for k in small)  # it trained
+    draft = load("seqkd", target=model, path=out)
+    tokens, rows = draft.propose(torch.tensor([1, 2, 3, 4]), 2, SamplingConfig(0.0))
+    assert tokens.shape == (2,) and rows.shape[0] == 2
