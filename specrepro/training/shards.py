@@ -8,6 +8,22 @@ sentence, so later rounds show other parts of it) and stdlib code prefixes (roun
 r + 1). HumanEval and the held-out news
 articles are never read. Shards alternate news and code, and greedy and sampled in pairs (news greedy,
 code greedy, news sampled, code sampled, ...). Each shard file is written atomically, so a killed build loses at most one shard.
+
+Config keys beyond the original ones (each enters shard_key only when set, so shards built before they existed
+keep their folder):
+- `generator`: "hf" (default: the left-padded `model.generate` call above) or "native" (nativegen.py: the
+  native CPU pass, `gen_batch` sequences a pass in one shared cache, continuous batching; ~an order of
+  magnitude more target-written tokens per hour on a 2-core CPU). The native shards are the same for any
+  `gen_batch` (batch-invariant pass, one sampler per sequence), so the batch is not in the key.
+- `prompt_variety` (default 0): 1 asks the news rounds for other requests built from the same train articles
+  (`NEWS_REQUESTS`: a headline, the key facts, a plain-words explanation, questions and answers, a one-line
+  summary), round r using request r % 6 on the article from its 3 * (r // 6)-th sentence, so a build of >= 1M
+  tokens does not repeat greedy prompts once the articles' sentences run out. Longer continuations are
+  `shard_new_tokens`; further T = 1 samples of a prompt come from later sampled shards (seed 1000 + index).
+- `taps` (default none): layer indices (i, j) whose residual features the native runner exposes as
+  `runner.taps` [n, T, H]; stored as "taps" (float16) where the runner has them.
+Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
+B, threads and the load averages before and after (the machine is shared: they say what else ran).
 """
 from __future__ import annotations
 
@@ -20,8 +36,20 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..files import write_json
+from ..tasks.prompts import as_chat, truncate_tokens
 from .corpus import code_prefixes, news_prompt, news_texts
 from .distill import merge
+
+# the requests of prompt_variety 1, built from news TRAIN articles only; the first is the evaluation's own
+NEWS_REQUESTS = (
+    None,  # news_prompt: "Summarise the following news article in one sentence."
+    "Write a short headline for the following news article.",
+    "List the three most important facts in the following news article.",
+    "Explain the following news article in plain words to a twelve-year-old.",
+    "Write two questions a reader might ask about the following news article, and answer them.",
+    "Summarise the following news article in three sentences.",
+)
 
 
 def _news_variant(article: str, r: int) -> str:
@@ -30,22 +58,36 @@ def _news_variant(article: str, r: int) -> str:
     return ". ".join(sentences[start:])
 
 
-def news_round(tokenizer, r: int) -> list[str]:
-    news = [news_prompt(tokenizer, _news_variant(a, r)) for a in news_texts("train")]
+def news_request(tokenizer, article: str, request: str | None, max_document_tokens: int = 300) -> str:
+    """A chat-formatted request about a (train) article: news_prompt's summary request when request is None."""
+    if request is None:
+        return news_prompt(tokenizer, article, max_document_tokens)
+    return as_chat(tokenizer, f"{request}\n\n{truncate_tokens(article, max_document_tokens, tokenizer)}")
+
+
+def news_round(tokenizer, r: int, variety: int = 0) -> list[str]:
+    """Round r of news prompts, every train article once. variety 0: the summary request on the article from its
+    (3r)-th sentence; variety 1: request NEWS_REQUESTS[r % 6] on it from its 3 * (r // 6)-th sentence."""
+    if variety not in (0, 1):
+        raise ValueError(f"prompt_variety must be 0 or 1, got {variety!r}")
+    k = len(NEWS_REQUESTS)
+    request, start = (None, r) if variety == 0 else (NEWS_REQUESTS[r % k], r // k)
+    news = [news_request(tokenizer, _news_variant(a, start), request) for a in news_texts("train")]
     random.Random(r).shuffle(news)
     return news
 
 
-def shard_prompts(tokenizer, index: int, shard_size: int, code_per_round: int = 200) -> list[str]:
+def shard_prompts(tokenizer, index: int, shard_size: int, code_per_round: int = 200, variety: int = 0) -> list[str]:
     """Even shards are news requests, odd shards code prefixes (one kind per shard, so left-padding
     wastes little and a build cut short still has both). Each kind is an endless stream of rounds:
-    round r of news has every train article (from its (3r)-th sentence on), round r of code has
+    round r of news has every train article (news_round), round r of code has
     `code_per_round` stdlib prefixes drawn with seed r + 1."""
     j = index // 2
     pool: list[str] = []
     r = 0
     while len(pool) < (j + 1) * shard_size:
-        pool += news_round(tokenizer, r) if index % 2 == 0 else code_prefixes(tokenizer, code_per_round, seed=r + 1)
+        pool += (news_round(tokenizer, r, variety) if index % 2 == 0
+                 else code_prefixes(tokenizer, code_per_round, seed=r + 1))
         r += 1
     return pool[j * shard_size : (j + 1) * shard_size]
 
@@ -103,32 +145,76 @@ def generate_with_pass(model, tokenizer, prompts: list[str], new_tokens: int, sa
             "top_p": torch.cat(top_p), "rest": torch.cat(rest), "hidden": torch.cat(hid), "gen_mask": mask}
 
 
+GENERATORS = ("hf", "native")
+# keys added after the first shards were built: in the key only when not at their default, so old folders stay valid
+OPTIONAL_KEYS = {"generator": "hf", "prompt_variety": 0, "taps": None}
+
+
+def check_generator_config(cfg: dict) -> None:
+    generator = cfg.get("generator", "hf")
+    if generator not in GENERATORS:
+        raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
+    if cfg.get("taps") and generator != "native":
+        raise ValueError("taps come from the native runner: set generator 'native' to store them")
+    batch = cfg.get("gen_batch", 16)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"gen_batch must be an integer >= 1, got {batch!r}")
+
+
 def shard_key(cfg: dict) -> str:
     key = {k: cfg[k] for k in ("target", "shard_size", "shard_new_tokens", "top_k", "code_per_round")}
-    return hashlib.sha256(repr(sorted(key.items()) + [("format", 3)]).encode()).hexdigest()[:10]
+    extra = [(k, list(cfg[k]) if k == "taps" else cfg[k]) for k, default in sorted(OPTIONAL_KEYS.items())
+             if cfg.get(k, default) not in (default, [], ())]
+    return hashlib.sha256(repr(sorted(key.items()) + [("format", 3)] + extra).encode()).hexdigest()[:10]
 
 
-def build_shard(model, tokenizer, index: int, cfg: dict) -> dict:
-    prompts = shard_prompts(tokenizer, index, cfg["shard_size"], cfg["code_per_round"])
-    return generate_with_pass(model, tokenizer, prompts, cfg["shard_new_tokens"], sampled=(index // 2) % 2 == 1,
-                              seed=1000 + index, top_k=cfg["top_k"])
+def build_shard(model, tokenizer, index: int, cfg: dict, runner=None, stats: dict | None = None) -> dict:
+    """Shard `index`; with generator "native", `runner` is nativegen.make_runner(model) (built once per build)."""
+    prompts = shard_prompts(tokenizer, index, cfg["shard_size"], cfg["code_per_round"], cfg.get("prompt_variety", 0))
+    sampled, seed = (index // 2) % 2 == 1, 1000 + index
+    if cfg.get("generator", "hf") == "native":
+        from .nativegen import generate_batched
+
+        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        return generate_batched(runner, ids, cfg["shard_new_tokens"], sampled, seed=seed, top_k=cfg["top_k"],
+                                eos_token_id=tokenizer.eos_token_id, batch=cfg.get("gen_batch", 16), stats=stats)
+    start, load = time.perf_counter(), os.getloadavg()
+    data = generate_with_pass(model, tokenizer, prompts, cfg["shard_new_tokens"], sampled=sampled, seed=seed,
+                              top_k=cfg["top_k"])
+    if stats is not None:
+        seconds, written = time.perf_counter() - start, int(data["gen_mask"].sum())
+        stats.update({"generator": "hf", "batch": len(prompts), "threads": torch.get_num_threads(),
+                      "seconds": seconds, "gen_mask_positions": written, "tokens_per_second": written / seconds,
+                      "loadavg_before": load, "loadavg_after": os.getloadavg(),
+                      "note": "shared machine: the load averages say what else ran"})
+    return data
 
 
 def build_shards(model, tokenizer, cfg: dict, root: Path, deadline: float | None = None,
                  progress: bool = True) -> list[Path]:
     """Build shards 0..cfg["shards"]-1 under root/<shard_key>/ (skipping finished ones); stop early
-    once time.time() passes `deadline`. Returns the finished shard files, in order, from shard 0 on."""
+    once time.time() passes `deadline`. Returns the finished shard files, in order, from shard 0 on.
+    Each shard's sidecar shard-NNNN.json records its tokens, seconds and load (module docstring)."""
+    check_generator_config(cfg)
     folder = Path(root) / f"shards-{shard_key(cfg)}"
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"shard-{i:04d}.pt" for i in range(cfg["shards"])]
     bar = tqdm(total=len(paths), initial=sum(p.exists() for p in paths), desc="target-written shards",
                disable=not progress)
+    runner = None
     for i, path in enumerate(paths):
         if path.exists():
             continue
         if deadline is not None and time.time() > deadline:
             break
-        data = build_shard(model, tokenizer, i, cfg)
+        if runner is None and cfg.get("generator", "hf") == "native":
+            from .nativegen import make_runner
+
+            runner = make_runner(model, cfg.get("gen_capacity"), cfg.get("taps"))
+        stats: dict = {}
+        data = build_shard(model, tokenizer, i, cfg, runner, stats)
+        stats["tokens_per_hour"] = stats["tokens_per_second"] * 3600
+        write_json(path.with_suffix(".json"), stats)  # first: a shard file always has its record
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         torch.save(data, tmp)
         os.replace(tmp, path)
