@@ -96,8 +96,9 @@ def build_data(target, tokenizer, cfg: dict, work_root: Path, data_deadline: flo
                  "positions": len(text["tokens"]), "tokens_sha256": tensor_sha(text["tokens"])} if text is not None
                 else {"source": "none (text_data false)", "positions": 0},
         "shards": {"source": "news train summarisation requests and stdlib code prefixes continued by the "
-                             "target, 32 per batched generate call; shards alternate news and code, and greedy "
-                             "and T=1 in pairs (shards.py)",
+                             + ("target in batched native passes (nativegen.py)" if cfg.get("generator") == "native"
+                                else f"target, {cfg['shard_size']} per batched generate call")
+                             + "; shards alternate news and code, and greedy and T=1 in pairs (shards.py)",
                    "count": len(paths), "prompts": len(paths) * cfg["shard_size"],
                    "positions": len(data["tokens"]) - (len(text["tokens"]) if text is not None else 0),
                    "target_written": gen_positions,

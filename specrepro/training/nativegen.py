@@ -117,6 +117,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     reserved = 0
     parts: dict[str, list] = {"seq": [], "pos": [], "top_ids": [], "top_p": [], "rest": [], "hidden": [], "taps": []}
     passes = rows_fed = compactions = 0
+    forward_seconds = 0.0
     bar = tqdm(total=len(prompts), desc="sequences", leave=False, disable=not progress)
     while queue or live:
         while queue and len(live) < batch and reserved + need[queue[0]] <= capacity:
@@ -147,7 +148,10 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
             compactions += 1
         length = runner.length
         owner[length:length + n] = row_seq
-        logits = runner.forward_tree(ids, row_pos, visible(owner[: length + n], row_seq, length))
+        mask = visible(owner[: length + n], row_seq, length)
+        t0 = time.perf_counter()
+        logits = runner.forward_tree(ids, row_pos, mask)
+        forward_seconds += time.perf_counter() - t0
         passes += 1
         rows_fed += n
         probs = logits.softmax(-1)
@@ -187,7 +191,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         seconds = time.perf_counter() - started
         generated = sum(len(w) for w in written)
         stats.update({"generator": "native", "batch": batch, "threads": torch.get_num_threads(), "seconds": seconds,
-                      "target_written_tokens": generated, "tokens_per_second": generated / seconds,
+                      "forward_seconds": forward_seconds, "target_written_tokens": generated, "tokens_per_second": generated / seconds,
                       "gen_mask_positions": int(data["gen_mask"].sum()), "positions": len(data["tokens"]),
                       "sequences": len(prompts), "passes": passes, "rows": rows_fed, "compactions": compactions,
                       "capacity": capacity, "loadavg_before": load_before,

@@ -1,6 +1,7 @@
 """Batched native generation of target-written data (specrepro/training/nativegen.py): a sequence generated beside
 others in one interleaved cache is bit for bit the sequence generated alone, and equals a plain one-sequence
 LeanRunner loop; T = 1 is reproducible and samples from the rows it records; gen_mask, EOS and bad input."""
+import inspect
 import math
 import shutil
 
@@ -9,6 +10,7 @@ import torch
 
 from helpers import llama
 from specrepro.engines import native
+from specrepro.engines.lean import LeanRunner
 from specrepro.training import nativegen, shards
 from specrepro.training.nativegen import generate_batched, make_runner
 
@@ -236,3 +238,24 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     import json
     record = json.loads(paths[0].with_suffix(".json").read_text())
     assert record["generator"] == "native" and record["target_written_tokens"] > 0 and math.isfinite(record["seconds"])
+
+
+def test_runner_taps_are_stored_row_for_row_when_the_runner_has_them(target):
+    """Where the runner exposes `runner.taps` [n, T, H] after a pass, they land under "taps" in the rows' order
+    (a stand-in runner here whose taps are its hidden state and its negation); without them, no "taps" key."""
+    runner = make_runner(target, capacity=160)
+    forward_tree = runner.forward_tree
+
+    def with_taps(ids, positions, mask):
+        logits = forward_tree(ids, positions, mask)
+        runner.taps = torch.stack([runner.hidden, -runner.hidden], 1)
+        return logits
+
+    runner.forward_tree = with_taps
+    data = generate_batched(runner, prompts(), 24, False, batch=4, max_rows=16)
+    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 2, 64)
+    assert torch.equal(data["taps"][:, 0], data["hidden"]) and torch.equal(data["taps"][:, 1], -data["hidden"])
+    assert "taps" not in batched(target, prompts())
+    if "taps" not in inspect.signature(LeanRunner).parameters:  # today's runner: asking for taps is refused
+        with pytest.raises(ValueError, match="taps"):
+            make_runner(target, taps=(0, 1))
