@@ -21,6 +21,17 @@ probability is in the row before it). Finished sequences leave the passes and th
 (continuous batching). A prompt is admitted only when the slots every live sequence may still need fit the
 runner's capacity (at most the model's context window); when the next pass would not fit, the cache is compacted
 to the live sequences' slots (LeanRunner.compact moves them down; the mask follows `owner`).
+
+Measured 2026-12-06/07 (2-core AMD EPYC with AVX512-BF16, SmolLM2-135M-Instruct, 2 threads, the first 8 news and 8
+code prompts of shards 0 and 1, 2946 prompt tokens, 128 new tokens greedy, 1507 of them written before EOS or the
+budget; the machine is shared with other work, so each run recorded its load averages and CPU time; medians of
+the runs where our own CPU time matched the wall time): target-written tokens/s B = 1 97 (5 runs, 91-104), B = 8
+213 (4 of 5 runs; 211-219), B = 16 234 (4 of 5; 232-245), B = 32 242 (3 runs, 238-251); shards.generate_with_pass
+(HF generate, float32, 8 prompts a call) 9.0 in one run (168 s). Every B gave the same bits. About 1.35 ms a fed
+row at B >= 16, prompt rows included: the pass is compute-bound there, and the 2946 prompt rows cost about as
+much as the 1507 written ones; longer continuations raise the written share. With other processes on the cores
+2 threads fell to 29-44 tokens/s (own CPU time 3-5x the work's: the pass's barriers wait for a descheduled thread)
+while 1 thread kept 103-141: shards.py's `gen_threads`.
 """
 from __future__ import annotations
 
@@ -71,6 +82,20 @@ def sequence_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{index}".encode()).digest()[:8], "little") >> 1
 
 
+def cpu_seconds() -> dict | None:
+    """This machine's CPU time so far by kind, from /proc/stat (None elsewhere): "steal" is time the hypervisor gave
+    this machine's virtual CPUs to someone else, "busy" all non-idle time; differences over a run say how shared
+    the machine was."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return {"steal": (ticks[7] if len(ticks) > 7 else 0) / hz, "busy": (sum(ticks[:8]) - idle) / hz}
+
+
 def _check(prompts, new_tokens, batch, top_k, max_rows):
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id sequences")
@@ -105,6 +130,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     rows_per_pass = max(max_rows, batch)
     started = time.perf_counter()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cpu_before, own_before = cpu_seconds(), time.process_time()
 
     runner.reset()
     owner = torch.full((capacity,), -1, dtype=torch.long)
@@ -190,13 +216,18 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     if stats is not None:
         seconds = time.perf_counter() - started
         generated = sum(len(w) for w in written)
+        cpu_after = cpu_seconds()
+        shared = None if cpu_before is None or cpu_after is None else {
+            k: round(cpu_after[k] - cpu_before[k], 2) for k in ("steal", "busy")}
         stats.update({"generator": "native", "batch": batch, "threads": torch.get_num_threads(), "seconds": seconds,
                       "forward_seconds": forward_seconds, "target_written_tokens": generated, "tokens_per_second": generated / seconds,
                       "gen_mask_positions": int(data["gen_mask"].sum()), "positions": len(data["tokens"]),
                       "sequences": len(prompts), "passes": passes, "rows": rows_fed, "compactions": compactions,
                       "capacity": capacity, "loadavg_before": load_before,
                       "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
-                      "note": "shared machine: the load averages say what else ran"})
+                      "machine_cpu_seconds": shared, "own_cpu_seconds": round(time.process_time() - own_before, 2),
+                      "note": "shared machine: the load averages and machine_cpu_seconds (all processes' busy and "
+                              "stolen time) beside own_cpu_seconds say what else ran"})
     return data
 
 

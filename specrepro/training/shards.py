@@ -17,7 +17,10 @@ keep their folder):
   (8 news, 8 code) x 128 new tokens, greedy, 2 threads: ~230 target-written tokens/s at B = 16 against 9 for
   generate_with_pass (float32, 8 a call): nativegen.py's docstring has the numbers. The native shards are the
   same for any `gen_batch` (batch-invariant pass, one sampler per sequence), so the batch is not in the key.
-  Native hidden states are the runner's bfloat16 ones (stored float16 as before).
+  Native hidden states are the runner's bfloat16 ones (stored float16 as before). `gen_threads` (default:
+  torch's current setting) sets the threads for the build: on a crowded 2-core machine 2 threads fell to
+  29-44 tokens/s where 1 thread kept 103-141 (the pass's OpenMP barriers wait for a descheduled thread); the
+  native pass's numbers do not depend on it, so it is not in the key either.
 - `prompt_variety` (default 0): 1 asks the news rounds for other requests built from the same train articles
   (`NEWS_REQUESTS`: a headline, the key facts, a plain-words explanation, questions and answers, a one-line
   summary), round r using request r % 6 on the article from its 3 * (r // 6)-th sentence, so a build of >= 1M
@@ -159,6 +162,9 @@ def check_generator_config(cfg: dict) -> None:
         raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
     if cfg.get("taps") and generator != "native":
         raise ValueError("taps come from the native runner: set generator 'native' to store them")
+    threads = cfg.get("gen_threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"gen_threads must be an integer >= 1 or absent, got {threads!r}")
     batch = cfg.get("gen_batch", 16)
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"gen_batch must be an integer >= 1, got {batch!r}")
@@ -215,7 +221,13 @@ def build_shards(model, tokenizer, cfg: dict, root: Path, deadline: float | None
 
             runner = make_runner(model, cfg.get("gen_capacity"), cfg.get("taps"))
         stats: dict = {}
-        data = build_shard(model, tokenizer, i, cfg, runner, stats)
+        threads = torch.get_num_threads()
+        if cfg.get("gen_threads"):  # e.g. 1 on a crowded machine (module docstring); the shards do not change
+            torch.set_num_threads(cfg["gen_threads"])
+        try:
+            data = build_shard(model, tokenizer, i, cfg, runner, stats)
+        finally:
+            torch.set_num_threads(threads)
         stats["tokens_per_hour"] = stats["tokens_per_second"] * 3600
         write_json(path.with_suffix(".json"), stats)  # first: a shard file always has its record
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

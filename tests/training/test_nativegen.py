@@ -218,6 +218,10 @@ def test_shard_key_keeps_old_folders_and_names_the_new_settings():
         shards.check_generator_config(cfg | {"generator": "vllm"})
     with pytest.raises(ValueError, match="taps"):
         shards.check_generator_config(cfg | {"taps": [1, 2]})
+    with pytest.raises(ValueError, match="gen_threads"):
+        shards.check_generator_config(cfg | {"generator": "native", "gen_threads": 0})
+    with pytest.raises(ValueError, match="gen_batch"):
+        shards.check_generator_config(cfg | {"generator": "native", "gen_batch": 0})
 
 
 @pytest.mark.slow
@@ -259,3 +263,16 @@ def test_runner_taps_are_stored_row_for_row_when_the_runner_has_them(target):
     if "taps" not in inspect.signature(LeanRunner).parameters:  # today's runner: asking for taps is refused
         with pytest.raises(ValueError, match="taps"):
             make_runner(target, taps=(0, 1))
+
+
+def test_the_thread_count_changes_no_bit(target):
+    """The native pass splits outputs between threads, never a sum: gen_threads is a speed setting only."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = batched(target, prompts(), True)
+        torch.set_num_threads(1)
+        one = batched(target, prompts(), True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(one[k], two[k]) for k in KEYS)
