@@ -24,9 +24,9 @@ to the live sequences' slots (LeanRunner.compact moves them down; the mask follo
 
 Measured 2026-12-06/07 (2-core AMD EPYC with AVX512-BF16, SmolLM2-135M-Instruct, 2 threads, the first 8 news and 8
 code prompts of shards 0 and 1, 2946 prompt tokens, 128 new tokens greedy, 1507 of them written before EOS or the
-budget; the machine is shared with other work, so each run recorded its load averages and CPU time; medians of
-the runs where our own CPU time matched the wall time): target-written tokens/s B = 1 97 (5 runs, 91-104), B = 8
-213 (4 of 5 runs; 211-219), B = 16 234 (4 of 5; 232-245), B = 32 242 (3 runs, 238-251); shards.generate_with_pass
+budget; the machine is shared with other work (load averages 2.1-3.0 during these runs), so medians of interleaved
+runs, slow outliers being bursts of other work): target-written tokens/s B = 1 97 (5 runs, 91-104), B = 8 212
+(5 runs: 33, 151, 212-219), B = 16 234 (5 runs: 101, 232-245), B = 32 242 (3 runs, 238-251; the same passes as B = 16 with these 16 prompts); shards.generate_with_pass
 (HF generate, float32, 8 prompts a call) 9.0 in one run (168 s). Every B gave the same bits. About 1.35 ms a fed
 row at B >= 16, prompt rows included: the pass is compute-bound there, and the 2946 prompt rows cost about as
 much as the 1507 written ones; longer continuations raise the written share. With other processes on the cores

@@ -242,6 +242,11 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     import json
     record = json.loads(paths[0].with_suffix(".json").read_text())
     assert record["generator"] == "native" and record["target_written_tokens"] > 0 and math.isfinite(record["seconds"])
+    hf = cfg | {"generator": "hf", "shards": 1}  # the old path, now with a record too, in its old folder
+    del hf["gen_batch"], hf["prompt_variety"]
+    (path,) = shards.build_shards(tiny, tokenizer, hf, tmp_path, progress=False)
+    assert path.parent.name == f"shards-{shards.shard_key(hf)}" != paths[0].parent.name
+    assert json.loads(path.with_suffix(".json").read_text())["generator"] == "hf"
 
 
 def test_runner_taps_are_stored_row_for_row_when_the_runner_has_them(target):
