@@ -31,7 +31,12 @@ runs, slow outliers being bursts of other work): target-written tokens/s B = 1 9
 row at B >= 16, prompt rows included: the pass is compute-bound there, and the 2946 prompt rows cost about as
 much as the 1507 written ones; longer continuations raise the written share. With other processes on the cores
 2 threads fell to 29-44 tokens/s (own CPU time 3-5x the work's: the pass's barriers wait for a descheduled thread)
-while 1 thread kept 103-141: shards.py's `gen_threads`.
+while 1 thread kept 103-141 (2026-12-07, 4 + 4 interleaved runs): shards.py's `gen_threads`. OMP_WAIT_POLICY=PASSIVE
+in the environment before torch starts (OpenMP threads sleep at a barrier instead of spinning) kept 2 threads at
+128 tokens/s beside another process and 210-222 alone (one or two runs each): an environment setting, not this
+module's. Whole 32-prompt shards (prompt_variety 1, B = 16, 2 threads, quiet runs): news greedy / T = 1 ~139
+tokens/s (summaries stop early at EOS: 2056 written of 10672 positions), code 349-364 (4094 of 7928); news and
+code together ~270 tokens/s, about 1M target-written tokens an hour.
 """
 from __future__ import annotations
 
