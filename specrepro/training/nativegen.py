@@ -34,7 +34,7 @@ much as the 1507 written ones; longer continuations raise the written share. Wit
 while 1 thread kept 103-141 (2026-12-07, 4 + 4 interleaved runs): shards.py's `gen_threads`. OMP_WAIT_POLICY=PASSIVE
 in the environment before torch starts (OpenMP threads sleep at a barrier instead of spinning) kept 2 threads at
 128 tokens/s beside another process and 210-222 alone (one or two runs each): an environment setting, not this
-module's. Whole 32-prompt shards (prompt_variety 1, B = 16, 2 threads, quiet runs): news greedy / T = 1 ~139
+module's. Whole 32-prompt shards (prompt_variety 1, B = 16, 2 threads, quiet runs): a news T = 1 shard 139
 tokens/s (summaries stop early at EOS: 2056 written of 10672 positions), code 349-364 (4094 of 7928); news and
 code together ~270 tokens/s, about 1M target-written tokens an hour.
 """

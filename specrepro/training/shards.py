@@ -25,7 +25,10 @@ keep their folder):
   (`NEWS_REQUESTS`: a headline, the key facts, a plain-words explanation, questions and answers, a one-line
   summary), round r using request r % 6 on the article from its 3 * (r // 6)-th sentence, so a build of >= 1M
   tokens does not repeat greedy prompts once the articles' sentences run out. Longer continuations are
-  `shard_new_tokens`; further T = 1 samples of a prompt come from later sampled shards (seed 1000 + index).
+  `shard_new_tokens`.
+- `samples_per_prompt` (default 1): k > 1 fills a sampled (T = 1) shard with its first ceil(shard_size / k)
+  prompts, each k times in a row: k independent samples of each (the native generator seeds every sequence
+  apart; HF generate draws each row anew), so a build needs k times fewer distinct prompts for those shards.
 - `taps` (default none): layer indices (i, j) whose residual features the native runner exposes as
   `runner.taps` [n, T, H]; stored as "taps" (float16) where the runner has them.
 Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
@@ -153,7 +156,7 @@ def generate_with_pass(model, tokenizer, prompts: list[str], new_tokens: int, sa
 
 GENERATORS = ("hf", "native")
 # keys added after the first shards were built: in the key only when not at their default, so old folders stay valid
-OPTIONAL_KEYS = {"generator": "hf", "prompt_variety": 0, "taps": None}
+OPTIONAL_KEYS = {"generator": "hf", "prompt_variety": 0, "taps": None, "samples_per_prompt": 1}
 
 
 def check_generator_config(cfg: dict) -> None:
@@ -165,6 +168,9 @@ def check_generator_config(cfg: dict) -> None:
     threads = cfg.get("gen_threads")
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"gen_threads must be an integer >= 1 or absent, got {threads!r}")
+    k = cfg.get("samples_per_prompt", 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"samples_per_prompt must be an integer >= 1, got {k!r}")
     batch = cfg.get("gen_batch", 16)
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"gen_batch must be an integer >= 1, got {batch!r}")
@@ -181,6 +187,9 @@ def build_shard(model, tokenizer, index: int, cfg: dict, runner=None, stats: dic
     """Shard `index`; with generator "native", `runner` is nativegen.make_runner(model) (built once per build)."""
     prompts = shard_prompts(tokenizer, index, cfg["shard_size"], cfg["code_per_round"], cfg.get("prompt_variety", 0))
     sampled, seed = (index // 2) % 2 == 1, 1000 + index
+    k = cfg.get("samples_per_prompt", 1)
+    if sampled and k > 1:
+        prompts = [p for p in prompts[: -(-len(prompts) // k)] for _ in range(k)][: len(prompts)]
     if cfg.get("generator", "hf") == "native":
         from .nativegen import generate_batched
 

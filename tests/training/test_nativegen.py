@@ -135,6 +135,9 @@ def test_sampled_is_reproducible_and_draws_from_the_rows_it_records(target):
     assert all(torch.equal(a[k], b[k]) for k in KEYS)
     c = generate_batched(make_runner(target), ps, 40, True, seed=2, **kw)
     assert not torch.equal(a["tokens"], c["tokens"])
+    same = generate_batched(make_runner(target), [ps[0]] * 4, 40, True, seed=1, **kw)  # one prompt 4 times
+    texts = {tuple(sequence(same, i)["tokens"].tolist()) for i in range(4)}
+    assert len(texts) == 4  # four samples, not one sample four times
     total = a["top_p"].sum(-1) + a["rest"]
     assert torch.allclose(total, torch.ones_like(total), atol=1e-5)  # rows are distributions
     assert (a["top_p"][:, :-1] >= a["top_p"][:, 1:]).all() and (a["rest"] > 0).any()
@@ -211,8 +214,8 @@ def test_shard_key_keeps_old_folders_and_names_the_new_settings():
     old = hashlib.sha256(repr(sorted(cfg.items()) + [("format", 3)]).encode()).hexdigest()[:10]  # the key's formula before
     assert shards.shard_key(cfg) == old == shards.shard_key(cfg | {"generator": "hf", "gen_batch": 8})
     keys = {shards.shard_key(cfg | extra) for extra in ({"generator": "native"}, {"generator": "native", "taps": [3, 20]},
-                                                        {"prompt_variety": 1})}
-    assert len(keys) == 3 and old not in keys
+                                                        {"prompt_variety": 1}, {"samples_per_prompt": 4})}
+    assert len(keys) == 4 and old not in keys
     assert shards.shard_key(cfg | {"generator": "native", "gen_batch": 4}) == shards.shard_key(cfg | {"generator": "native"})
     with pytest.raises(ValueError, match="generator"):
         shards.check_generator_config(cfg | {"generator": "vllm"})
@@ -220,6 +223,8 @@ def test_shard_key_keeps_old_folders_and_names_the_new_settings():
         shards.check_generator_config(cfg | {"taps": [1, 2]})
     with pytest.raises(ValueError, match="gen_threads"):
         shards.check_generator_config(cfg | {"generator": "native", "gen_threads": 0})
+    with pytest.raises(ValueError, match="samples_per_prompt"):
+        shards.check_generator_config(cfg | {"samples_per_prompt": 0})
     with pytest.raises(ValueError, match="gen_batch"):
         shards.check_generator_config(cfg | {"generator": "native", "gen_batch": 0})
 
@@ -230,15 +235,19 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     a sidecar record each, a second build that finds them done, load_shards reading them."""
     _, tokenizer = smollm
     tiny = llama(0, vocab=len(tokenizer), layers=1, heads=2, kv_heads=1, hidden=32, window=2048)
-    cfg = {"target": "tiny", "shards": 2, "shard_size": 3, "shard_new_tokens": 6, "top_k": 4, "code_per_round": 5,
-           "generator": "native", "gen_batch": 2, "prompt_variety": 1}
+    cfg = {"target": "tiny", "shards": 3, "shard_size": 3, "shard_new_tokens": 6, "top_k": 4, "code_per_round": 5,
+           "generator": "native", "gen_batch": 2, "prompt_variety": 1, "samples_per_prompt": 2}
     paths = shards.build_shards(tiny, tokenizer, cfg, tmp_path, progress=False)
-    assert len(paths) == 2 and all(p.with_suffix(".json").exists() for p in paths)
+    assert len(paths) == 3 and all(p.with_suffix(".json").exists() for p in paths)
+    sampled = torch.load(paths[2], weights_only=True)  # shard 2: news at T = 1, two samples of its first prompt
+    first, second = (sampled["tokens"][a:b] for a, b in zip(sampled["starts"][:2], sampled["starts"][1:3]))
+    plen = int(sampled["gen_mask"][: len(first)].int().argmax()) + 1
+    assert torch.equal(first[:plen], second[:plen]) and not torch.equal(first, second)
     mtimes = [p.stat().st_mtime_ns for p in paths]
     assert shards.build_shards(tiny, tokenizer, cfg, tmp_path, progress=False) == paths
     assert [p.stat().st_mtime_ns for p in paths] == mtimes  # resumed: nothing rebuilt
     data = shards.load_shards(paths)
-    assert len(data["starts"]) <= 2 * 3 + 1 and len(data["tokens"]) == len(data["hidden"]) == len(data["top_p"])
+    assert len(data["starts"]) <= 3 * 3 + 1 and len(data["tokens"]) == len(data["hidden"]) == len(data["top_p"])
     import json
     record = json.loads(paths[0].with_suffix(".json").read_text())
     assert record["generator"] == "native" and record["target_written_tokens"] > 0 and math.isfinite(record["seconds"])
