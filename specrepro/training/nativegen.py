@@ -41,7 +41,6 @@ code together ~270 tokens/s, about 1M target-written tokens an hour.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import time
 from collections import deque
@@ -58,16 +57,17 @@ DEFAULT_CAPACITY = 8192
 
 def make_runner(model, capacity: int | None = None, taps=None) -> LeanRunner:
     """A bfloat16 native LeanRunner keeping hidden states, its cache for `capacity` slots (default the model's
-    context window, at most DEFAULT_CAPACITY). taps=(i, j) asks the runner for residual features after those
-    layers (runner.taps); a runner without that option is refused with a ValueError."""
+    context window, at most DEFAULT_CAPACITY). taps=(i, j) sets the runner's `hidden_taps`: its hidden state then
+    holds the residual stream after those layers before the final hidden state (generate_batched stores them as
+    "taps"); a runner without hidden_taps is refused with a ValueError."""
     window = getattr(model.config, "max_position_embeddings", None) or DEFAULT_CAPACITY
     capacity = min(capacity or DEFAULT_CAPACITY, window)
-    kwargs = {}
+    runner = LeanRunner(model, dtype=torch.bfloat16, backend="native", keep_hidden=True, capacity=capacity)
     if taps:
-        if "taps" not in inspect.signature(LeanRunner).parameters:
-            raise ValueError(f"taps {tuple(taps)} asked for, but this LeanRunner has no taps option")
-        kwargs["taps"] = tuple(taps)
-    return LeanRunner(model, dtype=torch.bfloat16, backend="native", keep_hidden=True, capacity=capacity, **kwargs)
+        if not hasattr(runner, "hidden_taps"):
+            raise ValueError(f"taps {tuple(taps)} asked for, but this LeanRunner has no hidden_taps")
+        runner.hidden_taps = tuple(taps)
+    return runner
 
 
 def visible(owner: torch.Tensor, row_seq: torch.Tensor, length: int) -> torch.Tensor:
@@ -121,7 +121,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     less the last generated token; sequences whose continuation has fewer than 2 tokens are dropped, as there)
     `tokens`, `starts` (cumulative boundaries from 0), `top_ids` int32 / `top_p` float32 [N, top_k], `rest`, `hidden`
     float16 [N, H] (the runner's bfloat16 final-norm hidden state), `gen_mask` (positions whose next token the
-    target wrote), and `taps` float16 [N, T, H] where the runner exposes `runner.taps`. `stats`, if a dict, receives
+    target wrote), and `taps` float16 [N, T, H] where the runner has hidden_taps (make_runner's taps). `stats`, if a dict, receives
     counts and seconds (target-written tokens, passes, rows, ...).
     """
     _check(prompts, new_tokens, batch, top_k, max_rows)
@@ -133,6 +133,7 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         raise ValueError(f"prompt {too_long[0]} needs {need[too_long[0]]} cache slots ({len(prompts[too_long[0]])} "
                          f"prompt + {new_tokens} new tokens - 1), more than the runner's {capacity}")
     rows_per_pass = max(max_rows, batch)
+    tapped, width = len(getattr(runner, "hidden_taps", ()) or ()), runner.hidden_size
     started = time.perf_counter()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     cpu_before, own_before = cpu_seconds(), time.process_time()
@@ -192,10 +193,10 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         parts["top_ids"].append(top_ids.int())
         parts["top_p"].append(top_p)
         parts["rest"].append((1 - top_p.sum(-1)).clamp_min(0))
-        parts["hidden"].append(runner.hidden.half())
-        taps = getattr(runner, "taps", None)
-        if taps is not None:
-            parts["taps"].append(taps.half())
+        hidden = runner.hidden  # [n, (T + 1) H] with T hidden_taps: the tapped layers' outputs, then the final one
+        if tapped:
+            parts["taps"].append(hidden[:, : tapped * width].reshape(n, tapped, width).half())
+        parts["hidden"].append(hidden[:, tapped * width:].half())
         row = 0
         for s, k in take:
             del pending[s][:k]

@@ -29,8 +29,9 @@ keep their folder):
 - `samples_per_prompt` (default 1): k > 1 fills a sampled (T = 1) shard with its first ceil(shard_size / k)
   prompts, each k times in a row: k independent samples of each (the native generator seeds every sequence
   apart; HF generate draws each row anew), so a build needs k times fewer distinct prompts for those shards.
-- `taps` (default none): layer indices (i, j) whose residual features the native runner exposes as
-  `runner.taps` [n, T, H]; stored as "taps" (float16) where the runner has them.
+- `taps` (default none): layer indices (i, j) whose outputs (the residual stream after them) the native
+  runner keeps (LeanRunner.hidden_taps); stored as "taps" float16 [N, T, H], what a fused-feature draft's
+  loss reads (losses.py). Native generator only.
 Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
 B, threads and the load averages before and after (the machine is shared: they say what else ran).
 """

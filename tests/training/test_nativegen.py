@@ -1,7 +1,6 @@
 """Batched native generation of target-written data (specrepro/training/nativegen.py): a sequence generated beside
 others in one interleaved cache is bit for bit the sequence generated alone, and equals a plain one-sequence
 LeanRunner loop; T = 1 is reproducible and samples from the rows it records; gen_mask, EOS and bad input."""
-import inspect
 import math
 import shutil
 
@@ -10,7 +9,6 @@ import torch
 
 from helpers import llama
 from specrepro.engines import native
-from specrepro.engines.lean import LeanRunner
 from specrepro.training import nativegen, shards
 from specrepro.training.nativegen import generate_batched, make_runner
 
@@ -258,25 +256,27 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     assert json.loads(path.with_suffix(".json").read_text())["generator"] == "hf"
 
 
-def test_runner_taps_are_stored_row_for_row_when_the_runner_has_them(target):
-    """Where the runner exposes `runner.taps` [n, T, H] after a pass, they land under "taps" in the rows' order
-    (a stand-in runner here whose taps are its hidden state and its negation); without them, no "taps" key."""
-    runner = make_runner(target, capacity=160)
-    forward_tree = runner.forward_tree
-
-    def with_taps(ids, positions, mask):
-        logits = forward_tree(ids, positions, mask)
-        runner.taps = torch.stack([runner.hidden, -runner.hidden], 1)
-        return logits
-
-    runner.forward_tree = with_taps
-    data = generate_batched(runner, prompts(), 24, False, batch=4, max_rows=16)
-    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 2, 64)
-    assert torch.equal(data["taps"][:, 0], data["hidden"]) and torch.equal(data["taps"][:, 1], -data["hidden"])
-    assert "taps" not in batched(target, prompts())
-    if "taps" not in inspect.signature(LeanRunner).parameters:  # today's runner: asking for taps is refused
-        with pytest.raises(ValueError, match="taps"):
-            make_runner(target, taps=(0, 1))
+def test_taps_are_stored_row_for_row_and_leave_the_rest_unchanged(target):
+    """make_runner(taps=...) sets the runner's hidden_taps: "taps" [N, T, H] holds the tapped layer's output at
+    every position, bit for bit what a one-sequence loop with the same taps computes, and every other key is
+    what the untapped run stores; without taps there is no "taps" key."""
+    ps = prompts()
+    plain = batched(target, ps)
+    assert "taps" not in plain
+    data = generate_batched(make_runner(target, capacity=160, taps=(0,)), ps, 24, False, batch=4, max_rows=16)
+    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
+    assert all(torch.equal(data[k], plain[k]) for k in KEYS)
+    for i, p in enumerate(ps):
+        loop = make_runner(target, taps=(0,))
+        rows = [loop.forward(p) is not None and loop.hidden]
+        for t in sequence(data, i)["tokens"][len(p):]:
+            loop.forward(t.view(1))
+            rows.append(loop.hidden)
+        want = torch.cat(rows)[:, :64].half().view(-1, 1, 64)
+        s0, s1 = int(data["starts"][i]), int(data["starts"][i + 1])
+        assert torch.equal(data["taps"][s0:s1], want), f"sequence {i}"
+    with pytest.raises(ValueError):
+        make_runner(target, taps=(1,))  # the last layer's output is the final hidden state, not a tap
 
 
 def test_the_thread_count_changes_no_bit(target):
