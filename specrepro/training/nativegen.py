@@ -121,8 +121,8 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     less the last generated token; sequences whose continuation has fewer than 2 tokens are dropped, as there)
     `tokens`, `starts` (cumulative boundaries from 0), `top_ids` int32 / `top_p` float32 [N, top_k], `rest`, `hidden`
     float16 [N, H] (the runner's bfloat16 final-norm hidden state), `gen_mask` (positions whose next token the
-    target wrote), and `taps` float16 [N, T, H] where the runner has hidden_taps (make_runner's taps). `stats`, if a dict, receives
-    counts and seconds (target-written tokens, passes, rows, ...).
+    target wrote), and `taps` bfloat16 [N, T, H] where the runner has hidden_taps (make_runner's taps). `stats`,
+    if a dict, receives counts and seconds (target-written tokens, passes, rows, ...).
     """
     _check(prompts, new_tokens, batch, top_k, max_rows)
     prompts = [torch.as_tensor(p, dtype=torch.long).view(-1) for p in prompts]
@@ -195,7 +195,9 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         parts["rest"].append((1 - top_p.sum(-1)).clamp_min(0))
         hidden = runner.hidden  # [n, (T + 1) H] with T hidden_taps: the tapped layers' outputs, then the final one
         if tapped:
-            parts["taps"].append(hidden[:, : tapped * width].reshape(n, tapped, width).half())
+            # bfloat16, the runner's own dtype (lossless): the residual stream reaches float16's limit (|x| up to
+            # ~29,000 after layer 15 of SmolLM2-135M, float16 overflows at 65,504)
+            parts["taps"].append(hidden[:, : tapped * width].reshape(n, tapped, width).clone())
         parts["hidden"].append(hidden[:, tapped * width:].half())
         row = 0
         for s, k in take:

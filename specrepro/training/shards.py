@@ -30,7 +30,8 @@ keep their folder):
   prompts, each k times in a row: k independent samples of each (the native generator seeds every sequence
   apart; HF generate draws each row anew), so a build needs k times fewer distinct prompts for those shards.
 - `taps` (default none): layer indices (i, j) whose outputs (the residual stream after them) the native
-  runner keeps (LeanRunner.hidden_taps); stored as "taps" float16 [N, T, H], what a fused-feature draft's
+  runner keeps (LeanRunner.hidden_taps); stored as "taps" bfloat16 [N, T, H] (the runner's values exactly; the
+  residual stream can pass float16's range), what a fused-feature draft's
   loss reads (losses.py). Native generator only.
 Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
 B, threads and the load averages before and after (the machine is shared: they say what else ran).

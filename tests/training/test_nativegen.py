@@ -264,7 +264,7 @@ def test_taps_are_stored_row_for_row_and_leave_the_rest_unchanged(target):
     plain = batched(target, ps)
     assert "taps" not in plain
     data = generate_batched(make_runner(target, capacity=160, taps=(0,)), ps, 24, False, batch=4, max_rows=16)
-    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
+    assert data["taps"].dtype == torch.bfloat16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
     assert all(torch.equal(data[k], plain[k]) for k in KEYS)
     for i, p in enumerate(ps):
         loop = make_runner(target, taps=(0,))
@@ -272,7 +272,7 @@ def test_taps_are_stored_row_for_row_and_leave_the_rest_unchanged(target):
         for t in sequence(data, i)["tokens"][len(p):]:
             loop.forward(t.view(1))
             rows.append(loop.hidden)
-        want = torch.cat(rows)[:, :64].half().view(-1, 1, 64)
+        want = torch.cat(rows)[:, :64].reshape(-1, 1, 64)
         s0, s1 = int(data["starts"][i]), int(data["starts"][i + 1])
         assert torch.equal(data["taps"][s0:s1], want), f"sequence {i}"
     with pytest.raises(ValueError):
