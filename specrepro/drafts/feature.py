@@ -28,6 +28,16 @@ def _rope_theta(config) -> float:
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
+def scaled_taps(h: torch.Tensor, taps: int) -> torch.Tensor:
+    """[..., (taps + 1) H] fused features with each tapped layer's block divided by its root mean square (the final
+    hidden state, last, is normed already). A residual stream carries a few huge values (|x| near 3e4 at some
+    positions of the offline target's layer 15): scaled, every block enters `fuse` at the scale of the last."""
+    blocks = h.unflatten(-1, (taps + 1, -1))
+    tapped = blocks[..., :taps, :]
+    tapped = tapped * torch.rsqrt(tapped.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype)
+    return torch.cat([tapped, blocks[..., taps:, :]], -2).flatten(-2)
+
+
 class FeatureNet(nn.Module, FrozenTargetParts):
     def __init__(self, target, cfg: dict, keep: torch.Tensor | None = None):
         super().__init__()
@@ -60,7 +70,7 @@ class FeatureNet(nn.Module, FrozenTargetParts):
         """[..., H] features from the target's: through `fuse` where h holds the tapped layers too ([..., (T + 1) H]),
         as they are otherwise (the final hidden state, or the draft's own outputs)."""
         if self.fuse is not None and h.shape[-1] == self.fuse.in_features:
-            return inference_linear(self.fuse, h)
+            return inference_linear(self.fuse, scaled_taps(h, len(self.taps)))
         return h
 
     def step(self, h, next_ids, pos, cache=None, mask=None) -> torch.Tensor:
@@ -93,6 +103,7 @@ class NativeFeature:
         self.model.set_input(native.pack([net.fc.weight]))
         self.model.set_head(native.pack([net.head]))
         self.fuse = native.pack([net.fuse.weight]) if net.fuse is not None else None
+        self.taps = len(net.taps)
         self.linear = module.linear
         self.emb = net.emb
         self.hidden = net.emb.shape[1]
@@ -122,7 +133,7 @@ class NativeFeature:
             raise ValueError(f"the draft's cache holds {self.capacity} positions, {self.length + t} were asked for")
         g = h[0].float()
         if self.fuse is not None and g.shape[-1] == self.fuse.k:
-            g = self.linear(g, self.fuse)
+            g = self.linear(scaled_taps(g, self.taps), self.fuse)
         x = torch.cat([g, self.emb[ids[0]].float()], -1)
         f, out, _ = self.model.forward_features(x, self.length, self.cos[pos], self.sin[pos], mask, self.k_cache,
                                                 self.v_cache, logits)

@@ -134,6 +134,8 @@ def trim_prompts(data: dict, length: int) -> dict:
         starts.append(starts[-1] + e - lo)
     index = torch.cat(keep) if keep else torch.empty(0, dtype=torch.long)
     out = {k: v[index] for k, v in data.items() if k != "starts"}
+    if "taps" in out:  # one dtype for every shard (shards built before taps were stored in bfloat16 hold float16)
+        out["taps"] = out["taps"].to(torch.bfloat16)
     out["starts"] = torch.tensor(starts)
     return out
 

@@ -21,6 +21,22 @@ probability is in the row before it). Finished sequences leave the passes and th
 (continuous batching). A prompt is admitted only when the slots every live sequence may still need fit the
 runner's capacity (at most the model's context window); when the next pass would not fit, the cache is compacted
 to the live sequences' slots (LeanRunner.compact moves them down; the mask follows `owner`).
+
+Measured 2026-12-06/07 (2-core AMD EPYC with AVX512-BF16, SmolLM2-135M-Instruct, 2 threads, the first 8 news and 8
+code prompts of shards 0 and 1, 2946 prompt tokens, 128 new tokens greedy, 1507 of them written before EOS or the
+budget; the machine is shared with other work (load averages 2.1-3.0 during these runs), so medians of interleaved
+runs, slow outliers being bursts of other work): target-written tokens/s B = 1 97 (5 runs, 91-104), B = 8 212
+(5 runs: 33, 151, 212-219), B = 16 234 (5 runs: 101, 232-245), B = 32 242 (3 runs, 238-251; the same passes as B = 16 with these 16 prompts); shards.generate_with_pass
+(HF generate, float32, 8 prompts a call) 9.0 in one run (168 s). Every B gave the same bits. About 1.35 ms a fed
+row at B >= 16, prompt rows included: the pass is compute-bound there, and the 2946 prompt rows cost about as
+much as the 1507 written ones; longer continuations raise the written share. With other processes on the cores
+2 threads fell to 29-44 tokens/s (own CPU time 3-5x the work's: the pass's barriers wait for a descheduled thread)
+while 1 thread kept 103-141 (2026-12-07, 4 + 4 interleaved runs): shards.py's `gen_threads`. OMP_WAIT_POLICY=PASSIVE
+in the environment before torch starts (OpenMP threads sleep at a barrier instead of spinning) kept 2 threads at
+128 tokens/s beside another process and 210-222 alone (one or two runs each): an environment setting, not this
+module's. Whole 32-prompt shards (prompt_variety 1, B = 16, 2 threads, quiet runs): a news T = 1 shard 139
+tokens/s (summaries stop early at EOS: 2056 written of 10672 positions), code 349-364 (4094 of 7928); news and
+code together ~270 tokens/s, about 1M target-written tokens an hour.
 """
 from __future__ import annotations
 
@@ -41,24 +57,17 @@ DEFAULT_CAPACITY = 8192
 
 def make_runner(model, capacity: int | None = None, taps=None) -> LeanRunner:
     """A bfloat16 native LeanRunner keeping hidden states, its cache for `capacity` slots (default the model's
-    context window, at most DEFAULT_CAPACITY). taps=(i, j): its `hidden` also holds the outputs of those layers
-    (LeanRunner.hidden_taps: [n, (T + 1) H], the tapped layers first), which the shard keeps as "taps"."""
+    context window, at most DEFAULT_CAPACITY). taps=(i, j) sets the runner's `hidden_taps`: its hidden state then
+    holds the residual stream after those layers before the final hidden state (generate_batched stores them as
+    "taps"); a runner without hidden_taps is refused with a ValueError."""
     window = getattr(model.config, "max_position_embeddings", None) or DEFAULT_CAPACITY
     capacity = min(capacity or DEFAULT_CAPACITY, window)
     runner = LeanRunner(model, dtype=torch.bfloat16, backend="native", keep_hidden=True, capacity=capacity)
     if taps:
-        runner.hidden_taps = tuple(taps)  # a layer out of range is refused there, with the reason
+        if not hasattr(runner, "hidden_taps"):
+            raise ValueError(f"taps {tuple(taps)} asked for, but this LeanRunner has no hidden_taps")
+        runner.hidden_taps = tuple(taps)
     return runner
-
-
-def split_hidden(runner) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(final hidden [n, H], tapped layers' outputs [n, T, H] or None) of the runner's last pass."""
-    taps = getattr(runner, "hidden_taps", ())
-    if not taps:
-        return runner.hidden, None
-    n, h = runner.hidden.shape[0], runner.hidden_size
-    rows = runner.hidden.view(n, len(taps) + 1, h)
-    return rows[:, -1], rows[:, :-1]
 
 
 def visible(owner: torch.Tensor, row_seq: torch.Tensor, length: int) -> torch.Tensor:
@@ -76,6 +85,20 @@ def sequence_seed(seed: int, index: int) -> int:
     """The seed of sequence `index`'s generator under run seed `seed` (63 bits of a hash: no two pairs collide
     the way seed + index would)."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{index}".encode()).digest()[:8], "little") >> 1
+
+
+def cpu_seconds() -> dict | None:
+    """This machine's CPU time so far by kind, from /proc/stat (None elsewhere): "steal" is time the hypervisor gave
+    this machine's virtual CPUs to someone else, "busy" all non-idle time; differences over a run say how shared
+    the machine was."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return {"steal": (ticks[7] if len(ticks) > 7 else 0) / hz, "busy": (sum(ticks[:8]) - idle) / hz}
 
 
 def _check(prompts, new_tokens, batch, top_k, max_rows):
@@ -98,8 +121,8 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     less the last generated token; sequences whose continuation has fewer than 2 tokens are dropped, as there)
     `tokens`, `starts` (cumulative boundaries from 0), `top_ids` int32 / `top_p` float32 [N, top_k], `rest`, `hidden`
     float16 [N, H] (the runner's bfloat16 final-norm hidden state), `gen_mask` (positions whose next token the
-    target wrote), and `taps` float16 [N, T, H] where the runner has hidden_taps (make_runner(taps=...)). `stats`, if a dict, receives
-    counts and seconds (target-written tokens, passes, rows, ...).
+    target wrote), and `taps` bfloat16 [N, T, H] where the runner has hidden_taps (make_runner's taps). `stats`,
+    if a dict, receives counts and seconds (target-written tokens, passes, rows, ...).
     """
     _check(prompts, new_tokens, batch, top_k, max_rows)
     prompts = [torch.as_tensor(p, dtype=torch.long).view(-1) for p in prompts]
@@ -110,8 +133,10 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         raise ValueError(f"prompt {too_long[0]} needs {need[too_long[0]]} cache slots ({len(prompts[too_long[0]])} "
                          f"prompt + {new_tokens} new tokens - 1), more than the runner's {capacity}")
     rows_per_pass = max(max_rows, batch)
+    tapped, width = len(getattr(runner, "hidden_taps", ()) or ()), runner.hidden_size
     started = time.perf_counter()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cpu_before, own_before = cpu_seconds(), time.process_time()
 
     runner.reset()
     owner = torch.full((capacity,), -1, dtype=torch.long)
@@ -168,10 +193,12 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
         parts["top_ids"].append(top_ids.int())
         parts["top_p"].append(top_p)
         parts["rest"].append((1 - top_p.sum(-1)).clamp_min(0))
-        hidden, taps = split_hidden(runner)
-        parts["hidden"].append(hidden.half())
-        if taps is not None:
-            parts["taps"].append(taps.half())
+        hidden = runner.hidden  # [n, (T + 1) H] with T hidden_taps: the tapped layers' outputs, then the final one
+        if tapped:
+            # bfloat16, the runner's own dtype (lossless): the residual stream reaches float16's limit (|x| up to
+            # ~29,000 after layer 15 of SmolLM2-135M, float16 overflows at 65,504)
+            parts["taps"].append(hidden[:, : tapped * width].reshape(n, tapped, width).clone())
+        parts["hidden"].append(hidden[:, tapped * width:].half())
         row = 0
         for s, k in take:
             del pending[s][:k]
@@ -197,13 +224,18 @@ def generate_batched(runner, prompts, new_tokens: int, sampled: bool, seed: int 
     if stats is not None:
         seconds = time.perf_counter() - started
         generated = sum(len(w) for w in written)
+        cpu_after = cpu_seconds()
+        shared = None if cpu_before is None or cpu_after is None else {
+            k: round(cpu_after[k] - cpu_before[k], 2) for k in ("steal", "busy")}
         stats.update({"generator": "native", "batch": batch, "threads": torch.get_num_threads(), "seconds": seconds,
                       "forward_seconds": forward_seconds, "target_written_tokens": generated, "tokens_per_second": generated / seconds,
                       "gen_mask_positions": int(data["gen_mask"].sum()), "positions": len(data["tokens"]),
                       "sequences": len(prompts), "passes": passes, "rows": rows_fed, "compactions": compactions,
                       "capacity": capacity, "loadavg_before": load_before,
                       "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
-                      "note": "shared machine: the load averages say what else ran"})
+                      "machine_cpu_seconds": shared, "own_cpu_seconds": round(time.process_time() - own_before, 2),
+                      "note": "shared machine: the load averages and machine_cpu_seconds (all processes' busy and "
+                              "stolen time) beside own_cpu_seconds say what else ran"})
     return data
 
 

@@ -17,15 +17,22 @@ keep their folder):
   (8 news, 8 code) x 128 new tokens, greedy, 2 threads: ~230 target-written tokens/s at B = 16 against 9 for
   generate_with_pass (float32, 8 a call): nativegen.py's docstring has the numbers. The native shards are the
   same for any `gen_batch` (batch-invariant pass, one sampler per sequence), so the batch is not in the key.
-  Native hidden states are the runner's bfloat16 ones (stored float16 as before).
+  Native hidden states are the runner's bfloat16 ones (stored float16 as before). `gen_threads` (default:
+  torch's current setting) sets the threads for the build: on a crowded 2-core machine 2 threads fell to
+  29-44 tokens/s where 1 thread kept 103-141 (the pass's OpenMP barriers wait for a descheduled thread); the
+  native pass's numbers do not depend on it, so it is not in the key either.
 - `prompt_variety` (default 0): 1 asks the news rounds for other requests built from the same train articles
   (`NEWS_REQUESTS`: a headline, the key facts, a plain-words explanation, questions and answers, a one-line
   summary), round r using request r % 6 on the article from its 3 * (r // 6)-th sentence, so a build of >= 1M
   tokens does not repeat greedy prompts once the articles' sentences run out. Longer continuations are
-  `shard_new_tokens`; further T = 1 samples of a prompt come from later sampled shards (seed 1000 + index).
-- `taps` (default none): layer indices (i, j) whose outputs (the residual stream after them) the native runner
-  gives beside the final hidden state (LeanRunner.hidden_taps), stored as "taps" float16 [n, T, H]: the inputs of
-  a fused-feature (EAGLE-3) draft.
+  `shard_new_tokens`.
+- `samples_per_prompt` (default 1): k > 1 fills a sampled (T = 1) shard with its first ceil(shard_size / k)
+  prompts, each k times in a row: k independent samples of each (the native generator seeds every sequence
+  apart; HF generate draws each row anew), so a build needs k times fewer distinct prompts for those shards.
+- `taps` (default none): layer indices (i, j) whose outputs (the residual stream after them) the native
+  runner keeps (LeanRunner.hidden_taps); stored as "taps" bfloat16 [N, T, H] (the runner's values exactly; the
+  residual stream can pass float16's range), what a fused-feature draft's
+  loss reads (losses.py). Native generator only.
 Beside each shard, shard-NNNN.json records how it was made: target-written tokens, seconds, tokens per hour,
 B, threads and the load averages before and after (the machine is shared: they say what else ran).
 """
@@ -151,7 +158,7 @@ def generate_with_pass(model, tokenizer, prompts: list[str], new_tokens: int, sa
 
 GENERATORS = ("hf", "native")
 # keys added after the first shards were built: in the key only when not at their default, so old folders stay valid
-OPTIONAL_KEYS = {"generator": "hf", "prompt_variety": 0, "taps": None}
+OPTIONAL_KEYS = {"generator": "hf", "prompt_variety": 0, "taps": None, "samples_per_prompt": 1}
 
 
 def check_generator_config(cfg: dict) -> None:
@@ -160,6 +167,12 @@ def check_generator_config(cfg: dict) -> None:
         raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
     if cfg.get("taps") and generator != "native":
         raise ValueError("taps come from the native runner: set generator 'native' to store them")
+    threads = cfg.get("gen_threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"gen_threads must be an integer >= 1 or absent, got {threads!r}")
+    k = cfg.get("samples_per_prompt", 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"samples_per_prompt must be an integer >= 1, got {k!r}")
     batch = cfg.get("gen_batch", 16)
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"gen_batch must be an integer >= 1, got {batch!r}")
@@ -176,6 +189,9 @@ def build_shard(model, tokenizer, index: int, cfg: dict, runner=None, stats: dic
     """Shard `index`; with generator "native", `runner` is nativegen.make_runner(model) (built once per build)."""
     prompts = shard_prompts(tokenizer, index, cfg["shard_size"], cfg["code_per_round"], cfg.get("prompt_variety", 0))
     sampled, seed = (index // 2) % 2 == 1, 1000 + index
+    k = cfg.get("samples_per_prompt", 1)
+    if sampled and k > 1:
+        prompts = [p for p in prompts[: -(-len(prompts) // k)] for _ in range(k)][: len(prompts)]
     if cfg.get("generator", "hf") == "native":
         from .nativegen import generate_batched
 
@@ -216,7 +232,13 @@ def build_shards(model, tokenizer, cfg: dict, root: Path, deadline: float | None
 
             runner = make_runner(model, cfg.get("gen_capacity"), cfg.get("taps"))
         stats: dict = {}
-        data = build_shard(model, tokenizer, i, cfg, runner, stats)
+        threads = torch.get_num_threads()
+        if cfg.get("gen_threads"):  # e.g. 1 on a crowded machine (module docstring); the shards do not change
+            torch.set_num_threads(cfg["gen_threads"])
+        try:
+            data = build_shard(model, tokenizer, i, cfg, runner, stats)
+        finally:
+            torch.set_num_threads(threads)
         stats["tokens_per_hour"] = stats["tokens_per_second"] * 3600
         write_json(path.with_suffix(".json"), stats)  # first: a shard file always has its record
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

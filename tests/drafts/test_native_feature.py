@@ -164,3 +164,16 @@ def test_sampled_proposals_come_with_the_rows_they_were_drawn_from():
     tokens, rows = draft.propose(PROMPT, 3, SamplingConfig(1.0), torch.Generator().manual_seed(0), target_hidden=hidden)
     assert rows.shape == (3, draft.vocab_size) and torch.allclose(rows.sum(-1), torch.ones(3), atol=1e-5)
     assert (rows[torch.arange(3), tokens] > 0).all()
+
+
+def test_tapped_layers_enter_the_fuse_at_the_scale_of_the_final_state():
+    """A residual stream's huge values (the offline target's layer 15 reaches |x| ~ 3e4) do not reach `fuse` as
+    such: each tapped block is divided by its RMS, so scaling a tapped layer changes nothing, scaling h does."""
+    from specrepro.drafts.feature import scaled_taps
+
+    g = torch.Generator().manual_seed(0)
+    tap, h = torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)
+    a = scaled_taps(torch.cat([tap, h], -1), 1)
+    assert torch.allclose(a, scaled_taps(torch.cat([3e4 * tap, h], -1), 1), atol=1e-5)
+    assert torch.equal(a[:, 8:], h) and torch.allclose(a[:, :8].pow(2).mean(-1), torch.ones(3), atol=1e-4)
+    assert not torch.allclose(a, scaled_taps(torch.cat([tap, 2 * h], -1), 1))

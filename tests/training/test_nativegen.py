@@ -9,7 +9,6 @@ import torch
 
 from helpers import llama
 from specrepro.engines import native
-from specrepro.engines.lean import LeanRunner
 from specrepro.training import nativegen, shards
 from specrepro.training.nativegen import generate_batched, make_runner
 
@@ -134,6 +133,9 @@ def test_sampled_is_reproducible_and_draws_from_the_rows_it_records(target):
     assert all(torch.equal(a[k], b[k]) for k in KEYS)
     c = generate_batched(make_runner(target), ps, 40, True, seed=2, **kw)
     assert not torch.equal(a["tokens"], c["tokens"])
+    same = generate_batched(make_runner(target), [ps[0]] * 4, 40, True, seed=1, **kw)  # one prompt 4 times
+    texts = {tuple(sequence(same, i)["tokens"].tolist()) for i in range(4)}
+    assert len(texts) == 4  # four samples, not one sample four times
     total = a["top_p"].sum(-1) + a["rest"]
     assert torch.allclose(total, torch.ones_like(total), atol=1e-5)  # rows are distributions
     assert (a["top_p"][:, :-1] >= a["top_p"][:, 1:]).all() and (a["rest"] > 0).any()
@@ -210,13 +212,19 @@ def test_shard_key_keeps_old_folders_and_names_the_new_settings():
     old = hashlib.sha256(repr(sorted(cfg.items()) + [("format", 3)]).encode()).hexdigest()[:10]  # the key's formula before
     assert shards.shard_key(cfg) == old == shards.shard_key(cfg | {"generator": "hf", "gen_batch": 8})
     keys = {shards.shard_key(cfg | extra) for extra in ({"generator": "native"}, {"generator": "native", "taps": [3, 20]},
-                                                        {"prompt_variety": 1})}
-    assert len(keys) == 3 and old not in keys
+                                                        {"prompt_variety": 1}, {"samples_per_prompt": 4})}
+    assert len(keys) == 4 and old not in keys
     assert shards.shard_key(cfg | {"generator": "native", "gen_batch": 4}) == shards.shard_key(cfg | {"generator": "native"})
     with pytest.raises(ValueError, match="generator"):
         shards.check_generator_config(cfg | {"generator": "vllm"})
     with pytest.raises(ValueError, match="taps"):
         shards.check_generator_config(cfg | {"taps": [1, 2]})
+    with pytest.raises(ValueError, match="gen_threads"):
+        shards.check_generator_config(cfg | {"generator": "native", "gen_threads": 0})
+    with pytest.raises(ValueError, match="samples_per_prompt"):
+        shards.check_generator_config(cfg | {"samples_per_prompt": 0})
+    with pytest.raises(ValueError, match="gen_batch"):
+        shards.check_generator_config(cfg | {"generator": "native", "gen_batch": 0})
 
 
 @pytest.mark.slow
@@ -225,38 +233,60 @@ def test_native_shards_build_resume_and_load(smollm, tmp_path):
     a sidecar record each, a second build that finds them done, load_shards reading them."""
     _, tokenizer = smollm
     tiny = llama(0, vocab=len(tokenizer), layers=1, heads=2, kv_heads=1, hidden=32, window=2048)
-    cfg = {"target": "tiny", "shards": 2, "shard_size": 3, "shard_new_tokens": 6, "top_k": 4, "code_per_round": 5,
-           "generator": "native", "gen_batch": 2, "prompt_variety": 1}
+    cfg = {"target": "tiny", "shards": 3, "shard_size": 3, "shard_new_tokens": 6, "top_k": 4, "code_per_round": 5,
+           "generator": "native", "gen_batch": 2, "prompt_variety": 1, "samples_per_prompt": 2}
     paths = shards.build_shards(tiny, tokenizer, cfg, tmp_path, progress=False)
-    assert len(paths) == 2 and all(p.with_suffix(".json").exists() for p in paths)
+    assert len(paths) == 3 and all(p.with_suffix(".json").exists() for p in paths)
+    sampled = torch.load(paths[2], weights_only=True)  # shard 2: news at T = 1, two samples of its first prompt
+    first, second = (sampled["tokens"][a:b] for a, b in zip(sampled["starts"][:2], sampled["starts"][1:3]))
+    plen = int(sampled["gen_mask"][: len(first)].int().argmax()) + 1
+    assert torch.equal(first[:plen], second[:plen]) and not torch.equal(first, second)
     mtimes = [p.stat().st_mtime_ns for p in paths]
     assert shards.build_shards(tiny, tokenizer, cfg, tmp_path, progress=False) == paths
     assert [p.stat().st_mtime_ns for p in paths] == mtimes  # resumed: nothing rebuilt
     data = shards.load_shards(paths)
-    assert len(data["starts"]) <= 2 * 3 + 1 and len(data["tokens"]) == len(data["hidden"]) == len(data["top_p"])
+    assert len(data["starts"]) <= 3 * 3 + 1 and len(data["tokens"]) == len(data["hidden"]) == len(data["top_p"])
     import json
     record = json.loads(paths[0].with_suffix(".json").read_text())
     assert record["generator"] == "native" and record["target_written_tokens"] > 0 and math.isfinite(record["seconds"])
+    hf = cfg | {"generator": "hf", "shards": 1}  # the old path, now with a record too, in its old folder
+    del hf["gen_batch"], hf["prompt_variety"]
+    (path,) = shards.build_shards(tiny, tokenizer, hf, tmp_path, progress=False)
+    assert path.parent.name == f"shards-{shards.shard_key(hf)}" != paths[0].parent.name
+    assert json.loads(path.with_suffix(".json").read_text())["generator"] == "hf"
 
 
-def test_tapped_layers_are_stored_as_each_sequence_alone_gets_them(target):
-    """With taps, the shard's "taps" [N, T, H] hold the tapped layers' outputs and "hidden" the final hidden state,
-    bit for bit what a plain runner with the same taps gives the sequence alone; the tokens are unchanged; without
-    taps there is no "taps" key; a layer the target lacks is refused."""
+def test_taps_are_stored_row_for_row_and_leave_the_rest_unchanged(target):
+    """make_runner(taps=...) sets the runner's hidden_taps: "taps" [N, T, H] holds the tapped layer's output at
+    every position, bit for bit what a one-sequence loop with the same taps computes, and every other key is
+    what the untapped run stores; without taps there is no "taps" key."""
     ps = prompts()
-    runner = make_runner(target, capacity=160, taps=(0,))
-    data = generate_batched(runner, ps, 24, False, batch=4, max_rows=16, seed=7)
     plain = batched(target, ps)
-    assert torch.equal(data["tokens"], plain["tokens"]) and torch.equal(data["hidden"], plain["hidden"])
-    assert data["taps"].dtype == torch.float16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
-    alone = LeanRunner(target, dtype=torch.bfloat16, backend="native", keep_hidden=True)
-    alone.hidden_taps = (0,)
-    for i in (0, 3):
-        s0, s1 = int(data["starts"][i]), int(data["starts"][i + 1])
-        alone.reset()
-        alone.forward(data["tokens"][s0:s1])
-        assert torch.equal(data["taps"][s0:s1, 0], alone.hidden[:, :64].half()), i
-        assert torch.equal(data["hidden"][s0:s1], alone.hidden[:, 64:].half()), i
     assert "taps" not in plain
-    with pytest.raises(ValueError, match="not layers"):
-        make_runner(target, taps=(5,))
+    data = generate_batched(make_runner(target, capacity=160, taps=(0,)), ps, 24, False, batch=4, max_rows=16)
+    assert data["taps"].dtype == torch.bfloat16 and data["taps"].shape == (len(data["tokens"]), 1, 64)
+    assert all(torch.equal(data[k], plain[k]) for k in KEYS)
+    for i, p in enumerate(ps):
+        loop = make_runner(target, taps=(0,))
+        rows = [loop.forward(p) is not None and loop.hidden]
+        for t in sequence(data, i)["tokens"][len(p):]:
+            loop.forward(t.view(1))
+            rows.append(loop.hidden)
+        want = torch.cat(rows)[:, :64].reshape(-1, 1, 64)
+        s0, s1 = int(data["starts"][i]), int(data["starts"][i + 1])
+        assert torch.equal(data["taps"][s0:s1], want), f"sequence {i}"
+    with pytest.raises(ValueError):
+        make_runner(target, taps=(1,))  # the last layer's output is the final hidden state, not a tap
+
+
+def test_the_thread_count_changes_no_bit(target):
+    """The native pass splits outputs between threads, never a sum: gen_threads is a speed setting only."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = batched(target, prompts(), True)
+        torch.set_num_threads(1)
+        one = batched(target, prompts(), True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(one[k], two[k]) for k in KEYS)
