@@ -206,7 +206,10 @@ def run(cfg: dict, export_dir=None, work=None, stop_at: float | None = None, dat
     net = build_net(kind, target, cfg, keep if keep is not None and keep.numel() else None)
     if continue_from is not None and saved is None:
         # a fused draft may continue from an unfused one: its `fuse` starts as the pass-through of h
-        load_weights(net, load_file(str(Path(continue_from) / "net.safetensors")), new=("fuse.weight",))
+        weights = load_file(str(Path(continue_from) / "net.safetensors"))
+        if keep is not None and "keep" in weights and not torch.equal(weights["keep"], keep):
+            weights.pop("keep")  # keep_from data: the frozen head's rows come from this run's data instead
+        load_weights(net, weights, new=("fuse.weight", "keep"))
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])
