@@ -195,7 +195,10 @@ def test_continue_from_starts_at_the_given_artifact(real, empty_home, tmp_path):
     model, tokenizer = real
     cfg = load_config(shipped_root() / "feature" / "config.json")
     cfg.pop("version", None)
-    tiny = cfg | {"news_tokens": 512, "code_tokens": 512, "shards": 0, "budget_minutes": 60, "max_steps": 3}
+    # no shards: the text pass is the data, and the kept tokens are the artifact's (a zero-step run is the artifact)
+    tiny = cfg | {"news_tokens": 512, "code_tokens": 512, "shards": 0, "budget_minutes": 60, "max_steps": 3,
+                  "text_data": True, "written_only": False}
+    tiny.pop("keep_from", None)
     out = run(tiny, export_dir=tmp_path / "cont", work=tmp_path / "w", continue_from=shipped_root() / "feature",
               target=model, tokenizer=tokenizer, progress=False, stop_after_steps=0)
     a = load_file(str(out / "net.safetensors"))
