@@ -126,6 +126,34 @@ def roofline(model, context: int, sizes, measured: dict, weights: str = "bfloat1
             "kv_bytes": kv_bytes, "rows": rows}
 
 
+def greedy_agreement(model, tokenizer, runners: dict, prompts: int, new_tokens: int = 64) -> dict:
+    """How alike two targets write: greedy ArS from `prompts` held-out news summarisation prompts (the offline
+    news set) with each runner; per prompt, the fraction of the new-token positions where the runners' tokens
+    agree and the length of their common prefix. runners: {name: runner}, the first the reference."""
+    from ..generate import autoregressive_generate
+    from ..tasks.news import load_news, summarisation_prompt
+
+    names = list(runners)
+    rows = []
+    for example in load_news("eval", n=prompts):
+        text = summarisation_prompt(example, tokenizer, max_document_tokens=200)
+        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+        out = {name: autoregressive_generate(r, ids, max_new_tokens=new_tokens, temperature=0.0).tokens
+               for name, r in runners.items()}
+        ref = out[names[0]]
+        row = {"id": example.id, "prompt_tokens": len(ids)}
+        for name in names[1:]:
+            n = min(len(ref), len(out[name]))
+            same = (ref[:n] == out[name][:n]).long()
+            row[name] = {"identical_fraction": same.float().mean().item() if n else 1.0,
+                         "common_prefix": int(same.cumprod(0).sum()), "tokens": n}
+        rows.append(row)
+    summary = {name: {"identical_fraction_mean": statistics.mean(r[name]["identical_fraction"] for r in rows),
+                      "common_prefix_mean": statistics.mean(r[name]["common_prefix"] for r in rows)}
+               for name in names[1:]}
+    return {"reference": names[0], "new_tokens": new_tokens, "prompts": rows, "summary": summary}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench.ops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,6 +175,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--roofline", action="store_true",
                     help="for each native runner and thread count, print per --sizes the memory floor, the compute "
                          "roof and the measured pass")
+    ap.add_argument("--agreement", type=int, default=0,
+                    help="also generate 64 greedy tokens from this many held-out news prompts with every runner and "
+                         "report how often each agrees with the first (e.g. int8 against bfloat16)")
     ap.add_argument("--out", default="figures/bench/ops-profile")
     args = ap.parse_args(argv)
     from ..engines.lean import LeanRunner
@@ -159,7 +190,7 @@ def main(argv=None) -> dict:
         ap.error(f"--context must be >= 1, got {args.context}")
     threads = [int(t) for t in args.threads.split(",")]
     kinds = llamacpp.check_peers(args.llamacpp.split(","))
-    model, _ = load_model("smollm2-135m-instruct")
+    model, tokenizer = load_model("smollm2-135m-instruct")
     prefix = torch.randint(0, model.config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0))
     runners = {}
     specs = args.runners.split(",") + (["int8@bfloat16"] if args.int8 and "int8@bfloat16" not in args.runners else [])
@@ -240,6 +271,13 @@ def main(argv=None) -> dict:
                 for k, row in rl["rows"].items():
                     print(f"{'':14s}{k:5d} {row['floor_ms']:9.2f} {row['roof_ms']:8.2f} {row['measured_ms']:8.2f} "
                           f"{row['measured_over_bound']:10.2f}", flush=True)
+    if args.agreement:
+        torch.set_num_threads(threads[-1])
+        result["greedy_agreement"] = greedy_agreement(model, tokenizer, runners, args.agreement)
+        for name, row in result["greedy_agreement"]["summary"].items():
+            print(f"greedy agreement with {result['greedy_agreement']['reference']}: {name} "
+                  f"{row['identical_fraction_mean']:.2f} of tokens identical, common prefix "
+                  f"{row['common_prefix_mean']:.1f} of 64 (mean of {args.agreement} prompts)", flush=True)
     result.update(record.meta())  # the run record at the top: this file has no "meta"
     write_json(f"{args.out}.json", result)
     return result
