@@ -114,7 +114,7 @@ def roofline(model, context: int, sizes, measured: dict, weights: str = "bfloat1
     params = layers * (h * (heads + 2 * kv) * d + heads * d * h + 3 * h * inter) + c.vocab_size * h
     kv_bytes = 2 * layers * kv * d * 4 * context
     weight_bytes = params + params // 32 * 4 if weights == "int8" else 2 * params
-    gbps, gmacs = stream_gbps(), native_gmacs(weights=weights)
+    gbps, gmacs = stream_gbps(), native_gmacs() if weights == "bfloat16" else native_gmacs(weights=weights)
     rows = {}
     for n in sizes:
         macs = n * params + 2 * layers * heads * d * (n * context + n * (n + 1) // 2)
