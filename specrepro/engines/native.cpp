@@ -890,6 +890,9 @@ void to_pairs(const float* src, int64_t rows, int64_t ld, int64_t k, uint32_t* d
 // shares its call. The integer sums: AVX512-VNNI vpdpbusd over (q_x + 128) as unsigned bytes, less 128 x the
 // weights' sum (also a vpdpbusd); AVX2 vpmaddubsw over |q_x| and the weights with q_x's signs (no int16
 // saturation: |q| <= 127), then vpmaddwd; portable: plain int32 sums.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #if defined(SPECREPRO_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define SPECREPRO_I8_VNNI 1
 #elif defined(__AVX2__)
@@ -907,6 +910,33 @@ void quantise_rows(const float* src, int64_t rows, int64_t ld, int64_t k, int64_
     int8_t* qm = q + m * 2 * kpad;
     for (int64_t b = 0; b < nkb; ++b) {
       const int64_t i0 = b * kQBlock, i1 = std::min(i0 + kQBlock, k);
+#if defined(__AVX2__)
+      if (i1 - i0 == kQBlock) {  // a whole block: the same steps in vectors (a max, a multiply, round to even)
+        __m256 v[4], top = _mm256_setzero_ps();
+        const __m256 sign = _mm256_set1_ps(-0.f);
+        for (int j = 0; j < 4; ++j) {
+          v[j] = _mm256_loadu_ps(x + i0 + 8 * j);
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+        const float amax = std::max(_mm_cvtss_f32(t), _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1)));
+        const float dm = amax / 127.f;
+        const __m256 id = _mm256_set1_ps(dm != 0.f ? 1.f / dm : 0.f);
+        d[m * nkb + b] = dm;
+        __m256i r[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 q = _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          r[j] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_set1_ps(-127.f), _mm256_min_ps(_mm256_set1_ps(127.f), q)));
+        }
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qm + i0), bytes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qm + kpad + i0), _mm256_abs_epi8(bytes));
+        continue;
+      }
+#endif
       float amax = 0.f;
       for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
       const float dm = amax / 127.f;

@@ -45,6 +45,18 @@ def test_int8_kernel_equals_its_torch_reference_bit_for_bit_for_any_shape_and_ro
         assert (native.linear(x, packed).double() - exact).abs().max() < 0.02 * exact.abs().max()
 
 
+def test_int8_inputs_are_rounded_half_to_even_in_whole_and_partial_blocks():
+    """x * (1 / d) at exact halves: the kernel's quantiser (vectors for whole blocks, a loop for a partial one)
+    rounds them to even as the reference does; a weight of ones reads the quantised inputs back."""
+    halves = [127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 3.5, -3.5]
+    for k in (32, 40):
+        x = torch.tensor([halves + [0.0] * (k - len(halves))])
+        w = torch.eye(k)[:16]
+        got = native.linear(x, native.pack_int8([w]))
+        assert torch.equal(got, native.int8_reference(x, [w]))
+        assert got[0, :10].tolist() == [127.0, 0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 126.0, 4.0, -4.0]
+
+
 def test_a_product_row_is_the_same_whatever_shares_its_call_with_int8_weights():
     g = torch.Generator().manual_seed(11)
     packed = native.pack_int8([torch.randn(200, 96, generator=g)])
