@@ -199,14 +199,23 @@ def test_real_target_rows_equal_one_row_passes(smollm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tree", [None, sr.TreeSpec(width=3, depth=4)], ids=["chain", "tree"])
-def test_real_target_greedy_sps_with_prompt_lookup_equals_greedy_ars(smollm, tree):
+def test_real_target_int8_rows_equal_one_row_passes(smollm):
+    target, tokenizer = smollm
+    ids = torch.tensor(tokenizer(" ".join(PROMPTS * 4))["input_ids"])
+    check_rows_equal_one_row_passes(target, ids, prefixes=[9, 300], sizes=range(1, 10), after=2, weights="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree,weights", [(None, "bfloat16"), (sr.TreeSpec(width=3, depth=4), "bfloat16"),
+                                          (None, "int8")], ids=["chain", "tree", "chain-int8"])
+def test_real_target_greedy_sps_with_prompt_lookup_equals_greedy_ars(smollm, tree, weights):
     target, tokenizer = smollm
     for text in PROMPTS:
         chat = [{"role": "user", "content": text}]
         text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         prompt = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
-        check_greedy_sps_equals_ars(target, prompt, target.config.vocab_size, 160, lookahead=4, tree=tree)
+        check_greedy_sps_equals_ars(target, prompt, target.config.vocab_size, 160, lookahead=4, tree=tree,
+                                    weights=weights)
 
 
 # ---- the pieces, at float32 (a pass rounds the attention's output to bfloat16 before the o projection, which
