@@ -1121,6 +1121,9 @@ inline int blocks8_for(int rows) { return rows == 1 ? 2 : 1; }
 inline int blocks8_for(int rows) { return rows == 1 ? 2 : 1; }
 #endif
 constexpr int kMaxRows8 = I8_ROWS;
+#ifndef I8_PF_FIRST  // prefetch in the first row tile of calls of at least this many rows (0: never)
+#define I8_PF_FIRST 0
+#endif
 #ifndef I8_SLAB  // 32-input blocks per k-slab when a call has more than kMaxRows8 rows
 #define I8_SLAB 8
 #endif
@@ -1153,7 +1156,7 @@ void gemv8(const Packed& p, const int8_t* xq, const float* xd, int64_t rows, int
         const int64_t k1 = std::min(k0 + slab, p.nkb);
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows8) {
           const int mb = static_cast<int>(std::min<int64_t>(kMaxRows8, rows - m0));
-          const bool pf = mb > PF_ROWS;
+          const bool pf = mb > PF_ROWS || (I8_PF_FIRST > 0 && m0 == 0 && rows >= I8_PF_FIRST);
           for (int64_t b = b0; b < b1;) {
             int nb = blocks8_for(mb);
             while (nb > b1 - b) nb /= 2;
