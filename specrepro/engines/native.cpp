@@ -17,6 +17,10 @@
 // key's index among them (a tree's hidden keys are skipped, not zero-weighted). -ffp-contract=off keeps the
 // compiler from fusing a multiply and an add in one copy of an inlined loop and not in another.
 //
+// A second target takes int8 weights instead (Packed::int8, llama.cpp's Q8_0: one float32 scale per output and 32
+// inputs; the products' input rows quantised alone per 32 as the pass runs; integer block sums, float32 across
+// blocks in order): see "int8 products" below. One model holds one kind; the rest of the pass is shared.
+//
 // Weights are packed once (native.py) as int32 [blocks, K / 2, 16]: each int32 holds the bfloat16 pair
 // (w[n][2k] low, w[n][2k + 1] high) of output n = 16 * block + lane. One 64-byte load then feeds 16
 // outputs x 2 inputs, the layout AVX512-BF16's vdpbf16ps reads, and the weights stream through once per
