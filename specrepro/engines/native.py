@@ -31,7 +31,12 @@ each product's input rows quantised alone the same way as the pass runs; integer
 (AVX512-VNNI, AVX2 or portable, all three the same bits), float32 across blocks in order. Half the weight
 stream of bfloat16 and a higher multiply rate. Its logits differ from the bfloat16 target's (a different
 target: SpS on it is lossless with respect to it, not to bfloat16); it is batch-invariant as the bfloat16 pass
-is. Nothing chooses it unless asked (tune only with quantized=True).
+is. Nothing chooses it unless asked (tune only with quantized=True). Why a scale per 32 inputs and not per
+output row: on SmolLM2-135M's weights the relative error |W - dequantised W| / |W| is 0.55% on average (at
+most 0.65%) per 32, 0.85% (at most 1.17%) per row (bfloat16's rounding: 0.13%); the activations, whose few
+large channels would set a whole row's scale, are quantised per 32 for the same reason. On that model, after
+300 random tokens, int8's next-token distributions are within 0.012 nats (KL) of float32's (the native
+bfloat16 pass 0.0005; fbgemm's dynamic int8, ruled out as a target, 0.98).
 """
 from __future__ import annotations
 
