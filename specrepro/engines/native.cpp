@@ -1002,47 +1002,6 @@ void tile8(const uint32_t* w, const float* ws, int64_t kp, int64_t nkb, int64_t 
       }
     }
   }
-#elif defined(SPECREPRO_I8_AVX2) && defined(I8_WIDEN_SHIFT)
-  // vpmaddubsw's int16 pairs summed without vpmaddwd (a multiply, on fewer ports than additions on some CPUs):
-  // with p = (lo, hi) in an int32 lane, A sums p ^ 0x8000 as int32 (= 65536 hi + lo + 32768 exactly) and B sums
-  // hi (p >> 16); after 8 steps lo + hi summed is A - 65535 B - 8 x 32768, exact modulo 2^32 and so exact.
-  constexpr int V = 2 * NB;
-  const __m256i flip = _mm256_set1_epi32(0x8000);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    __m256i a[MB][V], h[MB][V];
-    for (int m = 0; m < MB; ++m)
-      for (int v = 0; v < V; ++v) a[m][v] = h[m][v] = _mm256_setzero_si256();
-    for (int64_t k = kb * 8; k < kb * 8 + 8; ++k) {
-      __m256i wv[V];
-      for (int b = 0; b < NB; ++b) {
-        const uint32_t* wk = w + (b * kp + k) * kLanes;
-        if (pf) __builtin_prefetch(wk + PF_AHEAD * kLanes);
-        wv[2 * b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
-        wv[2 * b + 1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
-      }
-      for (int m = 0; m < MB; ++m) {
-        const __m256i xs = _mm256_set1_epi32(load4(xq + m * ldq + 4 * k));
-        const __m256i xa = _mm256_set1_epi32(load4(xq + m * ldq + kpad + 4 * k));
-        for (int v = 0; v < V; ++v) {
-          const __m256i p = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[v], xs));
-          a[m][v] = _mm256_add_epi32(a[m][v], _mm256_xor_si256(p, flip));
-          h[m][v] = _mm256_add_epi32(h[m][v], _mm256_srai_epi32(p, 16));
-        }
-      }
-    }
-    const __m256i bias = _mm256_set1_epi32(8 * 32768);
-    for (int m = 0; m < MB; ++m) {
-      const __m256 dx = _mm256_set1_ps(xd[m * nkb + kb]);
-      for (int v = 0; v < V; ++v) {
-        const __m256i sum = _mm256_sub_epi32(_mm256_sub_epi32(a[m][v], _mm256_sub_epi32(_mm256_slli_epi32(h[m][v], 16),
-                                                                                         h[m][v])), bias);
-        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + ((v / 2) * nkb + kb) * kLanes + (v % 2) * 8), dx);
-        const __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), s);
-        float* ym = y + m * ldy + v * 8;
-        _mm256_storeu_ps(ym, _mm256_add_ps(_mm256_loadu_ps(ym), c));
-      }
-    }
-  }
 #elif defined(SPECREPRO_I8_AVX2)
   constexpr int V = 2 * NB;  // 8-output vectors
   const __m256i ones = _mm256_set1_epi16(1);
@@ -1114,8 +1073,10 @@ using Tile8Fn = void (*)(const uint32_t*, const float*, int64_t, int64_t, int64_
 #endif
 inline int blocks8_for(int rows) { return rows <= 4 ? 4 : 2; }
 #elif defined(SPECREPRO_I8_AVX2)
+// 5 rows x 2 vectors: 10 accumulators of AVX2's 16 registers (products in cache, 1 thread, 9 rows: 53 G
+// multiply-adds/s with 5-row tiles, 52 with 4, 35 with 3 and the pairs summed by shifts instead of vpmaddwd)
 #ifndef I8_ROWS
-#define I8_ROWS 4
+#define I8_ROWS 5
 #endif
 inline int blocks8_for(int rows) { return rows == 1 ? 2 : 1; }
 #else
