@@ -149,6 +149,9 @@ class LeanRunner:
     help the one-token steps of ArS or bfloat16, so it is off by default; `specrepro-bench
     --runners lean,compiled` measures it side by side on other machines. A compile that fails falls back
     to the eager block with a warning.
+    weights: "bfloat16" (default) or "int8" (backend="native" and dtype=torch.bfloat16 only): the native pass with
+    int8 weights (specrepro.engines.native, llama.cpp's Q8_0), a different target from the bfloat16 one (its
+    logits differ; greedy text agrees only in part): chosen only when asked, never as a fallback.
     """
 
     batch = 1  # cache rows; specrepro.engines.batch.BatchLeanRunner sets more
@@ -163,6 +166,7 @@ class LeanRunner:
         keep_hidden: bool = False,
         compile: bool = False,
         backend: str = "eager",
+        weights: str = "bfloat16",
     ):
         reason = llama_like_reason(model)
         if reason is not None:
@@ -189,6 +193,18 @@ class LeanRunner:
         self.dtype = dtype or first.dtype
         if backend == "native" and not self.supports_native:
             raise ValueError(f"{type(self).__name__} has no native pass: use backend 'eager' or 'onednn'")
+        if weights not in ("bfloat16", "int8"):
+            raise ValueError(f"weights must be 'bfloat16' or 'int8', got {weights!r}")
+        if weights == "int8":  # another target: never replaced by a fallback that would run the bfloat16 one
+            from .kernels import unavailable_reason
+
+            if backend != "native" or self.dtype != torch.bfloat16 or not self.supports_native:
+                raise ValueError("weights='int8' runs on the native pass only: LeanRunner(model, dtype=torch.bfloat16, "
+                                 f"backend='native', weights='int8'), got backend={backend!r}, dtype={self.dtype}")
+            reason = unavailable_reason("native", self.dtype, self.device)
+            if reason is not None:
+                raise RuntimeError(f"weights='int8' needs the native pass, unavailable here: {reason}")
+        self.weights = weights
         self.backend = resolve_backend(backend, self.dtype, self.device)
         # the native pass runs blocks of up to native.MAX_ROWS tokens, longer ones (prompts) block by block;
         # self.layers and self.head keep eager linears for the code that reads them
@@ -230,7 +246,7 @@ class LeanRunner:
         if self.backend == "native":
             from . import native
 
-            self._native = native.build_model(self)
+            self._native = native.build_model(self, weights)
         self.capacity = 0
         self._grow(min(capacity, self.context_window or capacity))
         self.reset()

@@ -17,6 +17,10 @@
 // key's index among them (a tree's hidden keys are skipped, not zero-weighted). -ffp-contract=off keeps the
 // compiler from fusing a multiply and an add in one copy of an inlined loop and not in another.
 //
+// A second target takes int8 weights instead (Packed::int8, llama.cpp's Q8_0: one float32 scale per output and 32
+// inputs; the products' input rows quantised alone per 32 as the pass runs; integer block sums, float32 across
+// blocks in order): see "int8 products" below. One model holds one kind; the rest of the pass is shared.
+//
 // Weights are packed once (native.py) as int32 [blocks, K / 2, 16]: each int32 holds the bfloat16 pair
 // (w[n][2k] low, w[n][2k + 1] high) of output n = 16 * block + lane. One 64-byte load then feeds 16
 // outputs x 2 inputs, the layout AVX512-BF16's vdpbf16ps reads, and the weights stream through once per
@@ -635,10 +639,41 @@ at::Tensor huge_page_copy(const at::Tensor& src) {
   return at::from_blob(dst, src.sizes(), [chunk](void*) mutable { chunk.reset(); }, src.options());
 }
 
+constexpr int64_t kQBlock = 32;  // inputs per int8 quantisation block (one scale per output and block)
+
+// One weight matrix, packed once: bfloat16 pairs (int8 false), or int8 weights (int8 true) with one float32 scale
+// per output and block of 32 inputs (llama.cpp's Q8_0): w int32 [blocks, K' / 4, 16], each int32 the four int8
+// weights of inputs 4k..4k + 3 of output 16 * block + lane, K' = K rounded up to 32 with zero weights; scales
+// float32 [blocks, K' / 32, 16].
 struct Packed {
-  at::Tensor w;     // int32 [blocks, kp, 16]
-  at::Tensor bias;  // float32 [n] or undefined
+  at::Tensor w;       // int32 [blocks, kp, 16]
+  at::Tensor bias;    // float32 [n] or undefined
+  at::Tensor scales;  // int8 only: float32 [blocks, nkb, 16]
   int64_t n, k, blocks, kp;
+  bool int8 = false;
+  int64_t nkb = 0;  // int8 only: blocks of 32 inputs
+
+  // int8 weights: w int32 [blocks, 8 * nkb, 16], scales float32 [blocks, nkb, 16], nkb = ceil(k / 32)
+  static Packed quantised(const at::Tensor& w_, const at::Tensor& scales_, std::optional<at::Tensor> bias_, int64_t n_,
+                          int64_t k_) {
+    TORCH_CHECK(n_ >= 1 && k_ >= 1, "an int8 weight needs at least one output and one input, got ", n_, " x ", k_);
+    const int64_t blocks = (n_ + kLanes - 1) / kLanes, nkb = (k_ + kQBlock - 1) / kQBlock;
+    TORCH_CHECK(w_.scalar_type() == at::kInt && w_.dim() == 3 && w_.is_contiguous() && w_.size(0) == blocks &&
+                    w_.size(1) == nkb * kQBlock / 4 && w_.size(2) == kLanes,
+                "int8 weight must be a contiguous int32 [", blocks, ", ", nkb * kQBlock / 4, ", 16] tensor for a ", n_,
+                " x ", k_, " matrix, got ", w_.scalar_type(), " ", w_.sizes());
+    TORCH_CHECK(scales_.scalar_type() == at::kFloat && scales_.dim() == 3 && scales_.is_contiguous() &&
+                    scales_.size(0) == blocks && scales_.size(1) == nkb && scales_.size(2) == kLanes,
+                "int8 scales must be a contiguous float32 [", blocks, ", ", nkb, ", 16] tensor for a ", n_, " x ", k_,
+                " matrix, got ", scales_.scalar_type(), " ", scales_.sizes());
+    Packed p(at::zeros({0, 0, kLanes}, at::kInt), std::move(bias_), 0, 0);
+    TORCH_CHECK(!p.bias.defined() || p.bias.numel() == n_, "bias has ", p.bias.numel(), " elements for ", n_, " outputs");
+    p.n = n_, p.k = k_, p.blocks = blocks, p.kp = nkb * kQBlock / 4, p.nkb = nkb, p.int8 = true;
+    p.w = huge_page_copy(w_);
+    p.scales = huge_page_copy(scales_);
+    return p;
+  }
+  const char* kind() const { return int8 ? "int8" : "bfloat16"; }
 
   Packed(const at::Tensor& w_, std::optional<at::Tensor> bias_, int64_t n_, int64_t k_) : n(n_), k(k_) {
     TORCH_CHECK(w_.scalar_type() == at::kInt && w_.dim() == 3 && w_.size(2) == kLanes && w_.is_contiguous(),
@@ -652,7 +687,7 @@ struct Packed {
                 ", 16], a ", n, " x ", k, " matrix packs to [", (n + kLanes - 1) / kLanes, ", ", (k + 1) / 2, ", 16]");
     if (bias_.has_value()) {
       bias = bias_->to(at::kFloat).contiguous();
-      TORCH_CHECK(bias.numel() == n, "bias has ", bias.numel(), " elements for ", n, " outputs");
+      TORCH_CHECK(n == 0 || bias.numel() == n, "bias has ", bias.numel(), " elements for ", n, " outputs");
     }
   }
   int64_t width() const { return blocks * kLanes; }  // row stride of the outputs
@@ -851,6 +886,290 @@ void to_pairs(const float* src, int64_t rows, int64_t ld, int64_t k, uint32_t* d
   }
 }
 
+// ---- int8 products (weights packed by native.py's pack_int8; Packed::int8). Each row of X is quantised alone,
+// per block of 32 inputs: d = max |x| / 127, q = round-to-nearest-even(x * (1 / d)) (q = 0 where d = 0). Output n
+// of row m is then, over the blocks b in order, y = y + float(sum_i q_w[n][i] q_x[m][i]) * (d_w[n][b] * d_x[m][b]),
+// three float32 roundings per block (a multiply, a multiply, an add: no FMA) after an exact integer sum. Every
+// family computes exactly these steps, so the three give the same bits, and a row's outputs are the same whatever
+// shares its call. The integer sums: AVX512-VNNI vpdpbusd over (q_x + 128) as unsigned bytes, less 128 x the
+// weights' sum (also a vpdpbusd); AVX2 vpmaddubsw over |q_x| and the weights with q_x's signs (no int16
+// saturation: |q| <= 127), then vpmaddwd; portable: plain int32 sums.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(SPECREPRO_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define SPECREPRO_I8_VNNI 1
+#elif defined(__AVX2__)
+#define SPECREPRO_I8_AVX2 1
+#endif
+
+// A row's quantised inputs: kpad = 32 * nkb bytes of q, then kpad bytes of |q| (what the AVX2 kernels read); the
+// scales d apart, nkb floats per row.
+inline int64_t quantised_row_bytes(int64_t nkb) { return 2 * nkb * kQBlock; }
+
+void quantise_rows(const float* src, int64_t rows, int64_t ld, int64_t k, int64_t nkb, int8_t* q, float* d) {
+  const int64_t kpad = nkb * kQBlock;
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* x = src + m * ld;
+    int8_t* qm = q + m * 2 * kpad;
+    for (int64_t b = 0; b < nkb; ++b) {
+      const int64_t i0 = b * kQBlock, i1 = std::min(i0 + kQBlock, k);
+#if defined(__AVX2__)
+      if (i1 - i0 == kQBlock) {  // a whole block: the same steps in vectors (a max, a multiply, round to even)
+        __m256 v[4], top = _mm256_setzero_ps();
+        const __m256 sign = _mm256_set1_ps(-0.f);
+        for (int j = 0; j < 4; ++j) {
+          v[j] = _mm256_loadu_ps(x + i0 + 8 * j);
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+        const float amax = std::max(_mm_cvtss_f32(t), _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1)));
+        const float dm = amax / 127.f;
+        const __m256 id = _mm256_set1_ps(dm != 0.f ? 1.f / dm : 0.f);
+        d[m * nkb + b] = dm;
+        __m256i r[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 q = _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          r[j] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_set1_ps(-127.f), _mm256_min_ps(_mm256_set1_ps(127.f), q)));
+        }
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qm + i0), bytes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qm + kpad + i0), _mm256_abs_epi8(bytes));
+        continue;
+      }
+#endif
+      float amax = 0.f;
+      for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float dm = amax / 127.f;
+      const float id = dm != 0.f ? 1.f / dm : 0.f;
+      d[m * nkb + b] = dm;
+      for (int64_t i = i0; i < i0 + kQBlock; ++i) {
+        const float v = i < i1 ? std::nearbyint(x[i] * id) : 0.f;
+        const int r = static_cast<int>(std::max(-127.f, std::min(127.f, v)));
+        qm[i] = static_cast<int8_t>(r);
+        qm[kpad + i] = static_cast<int8_t>(r < 0 ? -r : r);
+      }
+    }
+  }
+}
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// y[m][16 b + j] over the 32-input blocks kb0..kb1 of NB output blocks and MB rows (y holds the sums of the
+// earlier blocks when `resume`). w: NB blocks' int8 weights (block stride kp int32 x 16), ws their scales (stride
+// nkb x 16); xq: rows of quantised inputs (stride ldq bytes, kpad of q then |q|), xd their scales (stride nkb).
+template <int MB, int NB>
+void tile8(const uint32_t* w, const float* ws, int64_t kp, int64_t nkb, int64_t kb0, int64_t kb1, const int8_t* xq,
+           int64_t ldq, const float* xd, float* y, int64_t ldy, bool resume, bool pf) {
+  const int64_t kpad = nkb * kQBlock;
+  if (!resume)
+    for (int m = 0; m < MB; ++m) std::fill(y + m * ldy, y + m * ldy + NB * kLanes, 0.f);
+#if defined(SPECREPRO_I8_VNNI)
+  (void)kpad;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    __m512i acc[MB][NB], corr[NB];
+    for (int b = 0; b < NB; ++b) {
+      corr[b] = _mm512_setzero_si512();
+      for (int m = 0; m < MB; ++m) acc[m][b] = _mm512_setzero_si512();
+    }
+    for (int64_t k = kb * 8; k < kb * 8 + 8; ++k) {
+      __m512i wv[NB];
+      for (int b = 0; b < NB; ++b) {
+        if (pf) _mm_prefetch(reinterpret_cast<const char*>(w + (b * kp + k + PF_AHEAD) * kLanes), _MM_HINT_T0);
+        wv[b] = _mm512_loadu_si512(w + (b * kp + k) * kLanes);
+        corr[b] = _mm512_dpbusd_epi32(corr[b], offset, wv[b]);  // 128 x the weights' sum
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m512i xv = _mm512_xor_si512(_mm512_set1_epi32(load4(xq + m * ldq + 4 * k)), offset);  // q + 128
+        for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbusd_epi32(acc[m][b], xv, wv[b]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 dx = _mm512_set1_ps(xd[m * nkb + kb]);
+      for (int b = 0; b < NB; ++b) {
+        const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(ws + (b * nkb + kb) * kLanes), dx);
+        const __m512 c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][b], corr[b])), s);
+        float* ym = y + m * ldy + b * kLanes;
+        _mm512_storeu_ps(ym, _mm512_add_ps(_mm512_loadu_ps(ym), c));
+      }
+    }
+  }
+#elif defined(SPECREPRO_I8_AVX2)
+  constexpr int V = 2 * NB;  // 8-output vectors
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    __m256i acc[MB][V];
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_si256();
+    for (int64_t k = kb * 8; k < kb * 8 + 8; ++k) {
+      __m256i wv[V];
+      for (int b = 0; b < NB; ++b) {
+        const uint32_t* wk = w + (b * kp + k) * kLanes;
+        if (pf) __builtin_prefetch(wk + PF_AHEAD * kLanes);
+        wv[2 * b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+        wv[2 * b + 1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m256i xs = _mm256_set1_epi32(load4(xq + m * ldq + 4 * k));
+        const __m256i xa = _mm256_set1_epi32(load4(xq + m * ldq + kpad + 4 * k));
+        for (int v = 0; v < V; ++v)
+          acc[m][v] = _mm256_add_epi32(acc[m][v], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[v], xs)), ones));
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m256 dx = _mm256_set1_ps(xd[m * nkb + kb]);
+      for (int v = 0; v < V; ++v) {
+        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + ((v / 2) * nkb + kb) * kLanes + (v % 2) * 8), dx);
+        const __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[m][v]), s);
+        float* ym = y + m * ldy + v * 8;
+        _mm256_storeu_ps(ym, _mm256_add_ps(_mm256_loadu_ps(ym), c));
+      }
+    }
+  }
+#else
+  (void)pf;
+  (void)kpad;
+  for (int64_t kb = kb0; kb < kb1; ++kb)
+    for (int b = 0; b < NB; ++b) {
+      int32_t acc[MB][kLanes] = {};
+      for (int64_t k = kb * 8; k < kb * 8 + 8; ++k) {
+        const uint32_t* wk = w + (b * kp + k) * kLanes;
+        for (int j = 0; j < kLanes; ++j) {
+          int8_t wb[4];
+          std::memcpy(wb, wk + j, 4);
+          for (int m = 0; m < MB; ++m) {
+            const int8_t* x = xq + m * ldq + 4 * k;
+            acc[m][j] += wb[0] * x[0] + wb[1] * x[1] + wb[2] * x[2] + wb[3] * x[3];
+          }
+        }
+      }
+      for (int m = 0; m < MB; ++m) {
+        const float dx = xd[m * nkb + kb];
+        for (int j = 0; j < kLanes; ++j) {
+          const float s = ws[(b * nkb + kb) * kLanes + j] * dx;
+          const float c = static_cast<float>(acc[m][j]) * s;
+          y[m * ldy + b * kLanes + j] = y[m * ldy + b * kLanes + j] + c;
+        }
+      }
+    }
+#endif
+}
+
+using Tile8Fn = void (*)(const uint32_t*, const float*, int64_t, int64_t, int64_t, int64_t, const int8_t*, int64_t,
+                         const float*, float*, int64_t, bool, bool);
+
+// rows per int8 tile call and blocks per tile: accumulators (rows x blocks x 16 / lanes int32 vectors) in registers
+#if defined(SPECREPRO_I8_VNNI)
+#ifndef I8_ROWS
+#define I8_ROWS 8
+#endif
+inline int blocks8_for(int rows) { return rows <= 4 ? 4 : 2; }
+#elif defined(SPECREPRO_I8_AVX2)
+// 5 rows x 2 vectors: 10 accumulators of AVX2's 16 registers (products in cache, 1 thread, 9 rows: 53 G
+// multiply-adds/s with 5-row tiles, 52 with 4, 35 with 3 and the pairs summed by shifts instead of vpmaddwd)
+#ifndef I8_ROWS
+#define I8_ROWS 5
+#endif
+inline int blocks8_for(int rows) { return rows == 1 ? 2 : 1; }
+#else
+#ifndef I8_ROWS
+#define I8_ROWS 4
+#endif
+inline int blocks8_for(int rows) { return rows == 1 ? 2 : 1; }
+#endif
+constexpr int kMaxRows8 = I8_ROWS;
+#ifndef I8_PF_FIRST  // prefetch in the first row tile of calls of at least this many rows (0: never)
+#define I8_PF_FIRST 0
+#endif
+#ifndef I8_SLAB  // 32-input blocks per k-slab when a call has more than kMaxRows8 rows
+#define I8_SLAB 8
+#endif
+
+template <int NB, int... MB>
+constexpr std::array<Tile8Fn, sizeof...(MB)> tiles8(std::integer_sequence<int, MB...>) {
+  return {&tile8<MB + 1, NB>...};
+}
+const auto kTiles8x1 = tiles8<1>(std::make_integer_sequence<int, kMaxRows8>{});
+const auto kTiles8x2 = tiles8<2>(std::make_integer_sequence<int, kMaxRows8>{});
+const auto kTiles8x4 = tiles8<4>(std::make_integer_sequence<int, kMaxRows8>{});
+
+Tile8Fn pick8(int rows, int nb) {
+  if (nb == 4) return kTiles8x4[rows - 1];
+  return nb == 2 ? kTiles8x2[rows - 1] : kTiles8x1[rows - 1];
+}
+
+// Y [rows, p.width()] = X W^T (+ bias) for int8 weights, X quantised (quantise_rows: q [rows, ldq bytes], d
+// [rows, p.nkb]). The threads split the outputs as gemv's do.
+void gemv8(const Packed& p, const int8_t* xq, const float* xd, int64_t rows, int64_t ldq, float* y) {
+  const auto* w = reinterpret_cast<const uint32_t*>(p.w.data_ptr<int32_t>());
+  const float* ws = p.scales.data_ptr<float>();
+  const int64_t ldy = p.width();
+  at::parallel_for(0, p.blocks, 1, [&](int64_t first, int64_t last) {
+    const FlushDenormals flush;
+    const int64_t slab = rows > kMaxRows8 ? I8_SLAB : p.nkb;
+    for (int64_t b0 = first; b0 < last; b0 += 4) {
+      const int64_t b1 = std::min(b0 + 4, last);
+      for (int64_t k0 = 0; k0 < p.nkb; k0 += slab) {
+        const int64_t k1 = std::min(k0 + slab, p.nkb);
+        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows8) {
+          const int mb = static_cast<int>(std::min<int64_t>(kMaxRows8, rows - m0));
+          const bool pf = mb > PF_ROWS || (I8_PF_FIRST > 0 && m0 == 0 && rows >= I8_PF_FIRST);
+          for (int64_t b = b0; b < b1;) {
+            int nb = blocks8_for(mb);
+            while (nb > b1 - b) nb /= 2;
+            pick8(mb, nb)(w + b * p.kp * kLanes, ws + b * p.nkb * kLanes, p.kp, p.nkb, k0, k1, xq + m0 * ldq, ldq,
+                          xd + m0 * p.nkb, y + m0 * ldy + b * kLanes, ldy, k0 > 0, pf);
+            b += nb;
+          }
+        }
+      }
+    }
+  });
+  if (p.bias.defined()) {
+    const FlushDenormals flush;
+    const float* bias = p.bias.data_ptr<float>();
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t j = 0; j < p.n; ++j) y[m * ldy + j] += bias[j];
+  }
+}
+
+// The inputs of one product, in the form its weights take: bfloat16 pairs, or int8 blocks and their scales.
+// Buffers sized once for a pass (the largest product) and reused by every product of it.
+class Operand {
+ public:
+  Operand(int64_t rows, int64_t k_max) {
+    const int64_t kp = (k_max + 1) / 2, nkb = (k_max + kQBlock - 1) / kQBlock;
+    pairs_ = at::empty({rows, kp}, at::kInt);
+    q_ = at::empty({rows, quantised_row_bytes(nkb)}, at::kChar);
+    d_ = at::empty({rows, nkb}, at::kFloat);
+  }
+  // src rows [rows, ld] (first p.k used), as p's kernel reads them
+  void set(const Packed& p, const float* src, int64_t rows, int64_t ld) {
+    if (p.int8)
+      quantise_rows(src, rows, ld, p.k, p.nkb, q_.data_ptr<int8_t>(), d_.data_ptr<float>());
+    else
+      to_pairs(src, rows, ld, p.k, reinterpret_cast<uint32_t*>(pairs_.data_ptr<int32_t>()), p.kp);
+  }
+  // y [rows, p.width()] = the rows set last, times p
+  void multiply(const Packed& p, int64_t rows, float* y) const {
+    if (p.int8)
+      gemv8(p, q_.data_ptr<int8_t>(), d_.data_ptr<float>(), rows, quantised_row_bytes(p.nkb), y);
+    else
+      gemv(p, reinterpret_cast<const uint32_t*>(pairs_.data_ptr<int32_t>()), rows, p.kp, y);
+  }
+
+ private:
+  at::Tensor pairs_, q_, d_;
+};
+
 void rms_norm(const float* x, int64_t rows, int64_t h, const float* weight, float eps, float* out) {
   for (int64_t m = 0; m < rows; ++m) {
     const float* xm = x + m * h;
@@ -996,14 +1315,20 @@ class Model {
     TORCH_CHECK(down.k == gate_up.n / 2 && down.n == h, "down projection is ", down.n, " x ", down.k);
     TORCH_CHECK(ln1.numel() == h && ln2.numel() == h, "layer ", layers_.size(), "'s norms have ", ln1.numel(), " and ",
                 ln2.numel(), " weights for hidden size ", h);
+    for (const auto& [name, p] : {std::pair<const char*, const Packed*>{"q/k/v projection", &qkv}, {"o projection", &o},
+                                   {"gate/up projection", &gate_up}, {"down projection", &down}})
+      check_kind(*p, std::string("layer ") + std::to_string(layers_.size()) + "'s " + name);
     TORCH_CHECK(layers_.empty() || gate_up.n == layers_.front().gate_up.n, "layer ", layers_.size(), "'s MLP is ",
                 gate_up.n / 2, " wide, layer 0's ", layers_.front().gate_up.n / 2,
                 ": layers of different shapes are not supported by the native pass");
     layers_.push_back(Layer{ln1.to(at::kFloat).contiguous(), ln2.to(at::kFloat).contiguous(), qkv, o, gate_up, down});
   }
 
+  const char* kind() const { return kind_ ? kind_ : "none"; }
+
   void set_head(const Packed& head) {
     TORCH_CHECK(head.k == hidden_, "LM head reads ", head.k, " features, hidden size is ", hidden_);
+    check_kind(head, "the LM head");
     head_ = head;
   }
 
@@ -1012,6 +1337,7 @@ class Model {
   void set_input(const Packed& input) {
     TORCH_CHECK(input.n == hidden_ && input.k >= 1, "input projection is ", input.n, " x ", input.k,
                 ", expected ", hidden_, " outputs (the hidden size)");
+    check_kind(input, "the input projection");
     input_ = input;
   }
 
@@ -1054,11 +1380,10 @@ class Model {
     TORCH_CHECK(features.size(1) == input_.k, "features are ", features.size(1), " wide, the input projection reads ",
                 input_.k);
     at::Tensor f = features.to(at::kFloat).contiguous();
-    at::Tensor pairs = at::empty({n, input_.kp}, at::kInt);
-    auto* xp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-    to_pairs(f.data_ptr<float>(), n, input_.k, input_.k, xp, input_.kp);
+    Operand xin(n, input_.k);
+    serial([&] { xin.set(input_, f.data_ptr<float>(), n, input_.k); });
     at::Tensor x = at::empty({n, input_.width()}, at::kFloat);
-    gemv(input_, xp, n, input_.kp, x.data_ptr<float>());
+    xin.multiply(input_, n, x.data_ptr<float>());
     if (input_.width() != hidden_) x = x.narrow(1, 0, hidden_).contiguous();
     return run(x, start, cos, sin, mask, k_cache, v_cache, logits);
   }
@@ -1105,14 +1430,14 @@ class Model {
     at::Tensor tapped = at::empty({n, static_cast<int64_t>(taps_.size()), h}, f32);
     const Layer& l0 = layers_.front();
     const int64_t inter = l0.down.k;
-    const int64_t kp_max = std::max({l0.qkv.kp, l0.o.kp, l0.gate_up.kp, l0.down.kp, head_.kp});
-    at::Tensor normed = at::empty({n, h}, f32), pairs = at::empty({n, kp_max}, f32.dtype(at::kInt));
+    const int64_t k_max = std::max({l0.qkv.k, l0.o.k, l0.gate_up.k, l0.down.k, head_.k});
+    Operand xin(n, k_max);  // the inputs of each product, as its weights' kind takes them
+    at::Tensor normed = at::empty({n, h}, f32);
     at::Tensor qkv = at::empty({n, l0.qkv.width()}, f32), proj = at::empty({n, std::max(l0.o.width(), l0.down.width())}, f32);
     at::Tensor gu = at::empty({n, l0.gate_up.width()}, f32), act = at::empty({n, inter}, f32);
     at::Tensor attn = at::empty({n, q_width}, f32);
     float *hn = normed.data_ptr<float>(), *qs = qkv.data_ptr<float>(), *ps = proj.data_ptr<float>();
     float *gs = gu.data_ptr<float>(), *as = act.data_ptr<float>(), *os = attn.data_ptr<float>();
-    auto* xp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
 
     const Attention attention(n, heads_, kv_heads_, d, start, mask_data);
 
@@ -1123,9 +1448,9 @@ class Model {
       // attention block
       serial([&] {
         rms_norm(xs, n, h, L.ln1.data_ptr<float>(), eps_, hn);
-        to_pairs(hn, n, h, h, xp, L.qkv.kp);
+        xin.set(L.qkv, hn, n, h);
       });
-      gemv(L.qkv, xp, n, L.qkv.kp, qs);
+      xin.multiply(L.qkv, n, qs);
       const int64_t ldq = L.qkv.width();
       float* kl = kc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
       float* vl = vc + static_cast<int64_t>(li) * kv_heads_ * capacity * d;
@@ -1140,17 +1465,17 @@ class Model {
       }
       });
       attention.run(qs, ldq, os, q_width, kl, vl, capacity);
-      serial([&] { to_pairs(os, n, q_width, q_width, xp, L.o.kp); });
-      gemv(L.o, xp, n, L.o.kp, ps);
+      serial([&] { xin.set(L.o, os, n, q_width); });
+      xin.multiply(L.o, n, ps);
       serial([&] {
         for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
           for (int64_t i = 0; i < h; ++i) xs[t * h + i] += ps[t * L.o.width() + i];
         // MLP block
         rms_norm(xs, n, h, L.ln2.data_ptr<float>(), eps_, hn);
-        to_pairs(hn, n, h, h, xp, L.gate_up.kp);
+        xin.set(L.gate_up, hn, n, h);
       });
-      gemv(L.gate_up, xp, n, L.gate_up.kp, gs);
+      xin.multiply(L.gate_up, n, gs);
       const int64_t ldg = L.gate_up.width();
       serial([&] {
         for (int64_t t = 0; t < n; ++t) {
@@ -1159,9 +1484,9 @@ class Model {
           float* a = as + t * inter;
           silu_mul(gate, up, a, inter);
         }
-        to_pairs(as, n, inter, inter, xp, L.down.kp);
+        xin.set(L.down, as, n, inter);
       });
-      gemv(L.down, xp, n, L.down.kp, ps);
+      xin.multiply(L.down, n, ps);
       serial([&] {
         for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
@@ -1178,14 +1503,22 @@ class Model {
     at::Tensor out;
     if (logits) {
       TORCH_CHECK(head_.n > 0, "no LM head was set");
-      to_pairs(hidden.data_ptr<float>(), n, h, h, xp, head_.kp);
+      serial([&] { xin.set(head_, hidden.data_ptr<float>(), n, h); });
       out = at::empty({n, head_.width()}, f32);
-      gemv(head_, xp, n, head_.kp, out.data_ptr<float>());
+      xin.multiply(head_, n, out.data_ptr<float>());
       if (head_.width() != head_.n) out = out.narrow(1, 0, head_.n);
     }
     return {hidden, out, tapped};
   }
 
+  // One model, one kind of packed weights (bfloat16 or int8: two different targets): the first weight added sets it
+  void check_kind(const Packed& p, const std::string& what) {
+    if (!kind_) kind_ = p.kind();
+    TORCH_CHECK(p.kind() == std::string(kind_), what, " is ", p.kind(), " but this model's weights are ", kind_,
+                ": one native model takes one kind of packed weights");
+  }
+
+  const char* kind_ = nullptr;
   at::Tensor embed_, norm_;
   float eps_;
   int64_t heads_, kv_heads_, head_dim_, hidden_;
@@ -1200,11 +1533,11 @@ at::Tensor linear(const at::Tensor& x, const Packed& p) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == p.k, "x must be [rows, ", p.k, "]");
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0);
-  at::Tensor pairs = at::empty({rows, p.kp}, at::kInt);
-  auto* xp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-  to_pairs(xf.data_ptr<float>(), rows, p.k, p.k, xp, p.kp);
+  TORCH_CHECK(rows >= 1 && p.n >= 1, "linear needs at least one row and one output");
+  Operand xin(rows, p.k);
+  serial([&] { xin.set(p, xf.data_ptr<float>(), rows, p.k); });
   at::Tensor y = at::empty({rows, p.width()}, at::kFloat);
-  gemv(p, xp, rows, p.kp, y.data_ptr<float>());
+  xin.multiply(p, rows, y.data_ptr<float>());
   return y.narrow(1, 0, p.n);
 }
 
@@ -1240,13 +1573,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Packed>(m, "Packed")
       .def(py::init<at::Tensor, std::optional<at::Tensor>, int64_t, int64_t>())
       .def_readonly("n", &Packed::n)
-      .def_readonly("k", &Packed::k);
+      .def_readonly("k", &Packed::k)
+      .def_property_readonly("kind", [](const Packed& p) { return std::string(p.kind()); })
+      .def_static("int8", &Packed::quantised);
   py::class_<Model>(m, "Model")
       .def(py::init<at::Tensor, at::Tensor, double, int64_t, int64_t, int64_t>())
       .def("add_layer", &Model::add_layer)
       .def("set_head", &Model::set_head)
       .def("set_input", &Model::set_input)
       .def("set_taps", &Model::set_taps)
+      .def_property_readonly("kind", [](const Model& m) { return std::string(m.kind()); })
       .def("forward", &Model::forward, py::call_guard<py::gil_scoped_release>())
       .def("forward_features", &Model::forward_features, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());

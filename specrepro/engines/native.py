@@ -16,13 +16,32 @@ runs on), once per (source, torch, Python, CPU flags, $SPECREPRO_NATIVE_CFLAGS) 
 $SPECREPRO_HOME/native/; the build took 19 s on the 2-core EPYC, and `build_seconds()` reports it. A machine without a compiler gets a one-line reason
 from `unavailable_reason` and the lean runner's other backends.
 
-Numbers: bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
+Two targets, never mixed in one model: `weights="bfloat16"` (the default) and `weights="int8"` (below).
+Numbers (bfloat16): bfloat16 weights; the activations entering each product rounded to bfloat16 (as a bfloat16 runner
 rounds them); float32 accumulation, residual stream, norms, RoPE, attention and SiLU. The same weights as
 the bfloat16 lean runner, more precise between the products; logits agree with it within bfloat16
 round-off (tests/engines/test_native.py). Batch-invariant: a token's logits are the same bits whatever else
 shares its pass and whichever pass wrote its cache entries (native.cpp says how; tests/engines/
 test_native_invariance.py), so greedy SpS equals greedy ArS on it. Use it through `LeanRunner(model, dtype=torch.bfloat16,
 backend="native")`, which `specrepro.tune` measures beside the other backends.
+
+int8 (`LeanRunner(model, dtype=torch.bfloat16, backend="native", weights="int8")`, llama.cpp's Q8_0): every
+linear layer and the LM head quantised once to int8 with one float32 scale per output and block of 32 inputs;
+each product's input rows quantised alone the same way as the pass runs; integer dot products per block
+(AVX512-VNNI, AVX2 or portable, all three the same bits), float32 across blocks in order. Half the weight
+stream of bfloat16 and a higher multiply rate. Its logits differ from the bfloat16 target's (a different
+target: SpS on it is lossless with respect to it, not to bfloat16); it is batch-invariant as the bfloat16 pass
+is. Nothing chooses it unless asked (tune only with quantized=True). Why a scale per 32 inputs and not per
+output row: on SmolLM2-135M's weights the relative error |W - dequantised W| / |W| is 0.55% on average (at
+most 0.65%) per 32, 0.85% (at most 1.17%) per row (bfloat16's rounding: 0.13%); the activations, whose few
+large channels would set a whole row's scale, are quantised per 32 for the same reason. On that model, after
+300 random tokens, int8's next-token distributions are within 0.012 nats (KL) of float32's (the native
+bfloat16 pass 0.0005; fbgemm's dynamic int8, ruled out as a target, 0.98). Greedy text differs: from 4 held-out
+news prompts, int8 and bfloat16 shared 20 of 64 new tokens before parting on average. Measured on the 2-core
+AVX512-BF16 EPYC (2 threads, 300 cached tokens, bfloat16 beside it, load ~2; figures/bench/ops-int8-*.json):
+one-token pass 6.0 ms (bfloat16 9.1), v(1, 2, 4, 8) 1.06, 1.14, 1.35, 1.90; the -mno-avx512f (AVX2) build
+6.6 ms (bfloat16 9.4), v 0.96, 1.02, 1.34, 2.89: its 9-row pass (19 ms) is bound by the AVX2 integer products
+(2 multiplies per 32 multiply-adds: 115 G/s in cache at 2 threads), not overlapped with the weight stream.
 """
 from __future__ import annotations
 
@@ -197,6 +216,69 @@ def pack(weights, biases=None):
     return module.Packed(packed, bias, n, k)
 
 
+QBLOCK = 32  # inputs per int8 quantisation block (native.cpp: kQBlock)
+WEIGHTS = ("bfloat16", "int8")  # the kinds of packed weights a native model takes (two different targets)
+
+
+def quantise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantisation per row and block of 32 columns (llama.cpp's Q8_0), as native.cpp quantises
+    a product's input rows: d = max |x| / 127, q = round-half-even(x * (1 / d)), q = 0 where d = 0; each step a
+    float32 rounding (computed in float64, then rounded: the same bits as float32 arithmetic). x [rows, k] ->
+    (q int8 [rows, 32 * ceil(k / 32)] with zero columns after k, d float32 [rows, ceil(k / 32)])."""
+    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"quantise takes a [rows, k] tensor with rows, k >= 1, got shape {tuple(x.shape)}")
+    rows, k = x.shape
+    nkb = -(-k // QBLOCK)
+    xf = torch.zeros(rows, nkb * QBLOCK)
+    xf[:, :k] = x.detach().float()
+    blocks = xf.view(rows, nkb, QBLOCK)
+    d = (blocks.abs().amax(-1).double() / 127).float()
+    inv = torch.where(d != 0, (1 / d.double()).float(), torch.zeros(()))
+    q = torch.round((blocks.double() * inv.double()[..., None]).float()).clamp(-127, 127).to(torch.int8)
+    return q.view(rows, nkb * QBLOCK), d
+
+
+def pack_int8(weights, biases=None):
+    """As `pack`, with the weights quantised to int8 (`quantise`: one float32 scale per output and block of 32
+    inputs) from their own values (float32 for load_model's default), for native.cpp's int8 products.
+    Returns native Packed (kind "int8")."""
+    module = load()
+    w = torch.cat([t.detach() for t in weights]).float()
+    n, k = w.shape
+    q, d = quantise(w)
+    blocks, nkb = -(-n // LANES), d.shape[1]
+    qp = q.new_zeros(blocks * LANES, nkb * QBLOCK)
+    qp[:n] = q
+    dp = d.new_zeros(blocks * LANES, nkb)
+    dp[:n] = d
+    # [blocks, 16, K'/4, 4] -> [blocks, K'/4, 16, 4]: four int8 weights (inputs 4k..4k + 3) per int32
+    packed = qp.view(blocks, LANES, nkb * QBLOCK // 4, 4).permute(0, 2, 1, 3).contiguous().view(torch.int32)
+    scales = dp.view(blocks, LANES, nkb).permute(0, 2, 1).contiguous()
+    bias = None
+    if biases is not None and any(b is not None for b in biases):
+        bias = torch.cat([b.detach().float() if b is not None else torch.zeros(t.shape[0])
+                          for t, b in zip(weights, biases)])
+    return module.Packed.int8(packed.view(blocks, nkb * QBLOCK // 4, LANES), scales, bias, n, k)
+
+
+def int8_reference(x: torch.Tensor, weights, bias=None) -> torch.Tensor:
+    """What native.cpp's int8 product computes, in torch (for tests): x [rows, k] and the weights quantised
+    (`quantise`), per output and block b in order y = y + float(integer sum) * (d_w * d_x), each a float32
+    rounding. Returns float32 [rows, n]."""
+    w = torch.cat([t.detach() for t in weights]).float()
+    qx, dx = quantise(x)
+    qw, dw = quantise(w)
+    y = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    for b in range(dx.shape[1]):
+        cols = slice(b * QBLOCK, (b + 1) * QBLOCK)
+        sums = qx[:, cols].double() @ qw[:, cols].double().T  # exact: integers below 2^53
+        s = (dw[:, b].double()[None, :] * dx[:, b].double()[:, None]).float()
+        y = (y.double() + (sums * s.double()).float().double()).float()
+    if bias is not None:
+        y = (y.double() + bias.detach().float().double()).float()
+    return y
+
+
 def linear(x: torch.Tensor, packed) -> torch.Tensor:
     """x [rows, in] @ W^T through the native kernel (float32 out); for tests and profiles."""
     return load().linear(x, packed)
@@ -208,9 +290,15 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     return load().attention(q, keys, values, start, mask)
 
 
-def build_model(runner):
-    """The native model of a LeanRunner's weights (the runner's dtype must be bfloat16)."""
+def build_model(runner, weights: str = "bfloat16"):
+    """The native model of a LeanRunner's weights (the runner's dtype must be bfloat16). weights: "bfloat16" (the
+    model's weights rounded to bfloat16, the bfloat16 target) or "int8" (every linear layer and the LM head
+    quantised to int8 per output and block of 32 inputs, `pack_int8`: a different target, whose logits differ
+    from the bfloat16 one's; the embedding stays bfloat16)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     module = load()
+    pack_one = pack_int8 if weights == "int8" else pack
     model = runner.model
     base = model.model
     eps = {_eps(n) for layer in base.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
@@ -224,14 +312,14 @@ def build_model(runner):
         qkv = [a.q_proj, a.k_proj, a.v_proj]
         native.add_layer(
             ln1[0].float(),
-            pack([p.weight for p in qkv], [p.bias for p in qkv]),
-            pack([a.o_proj.weight], [a.o_proj.bias]),
+            pack_one([p.weight for p in qkv], [p.bias for p in qkv]),
+            pack_one([a.o_proj.weight], [a.o_proj.bias]),
             ln2[0].float(),
-            pack([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias]),
-            pack([m.down_proj.weight], [m.down_proj.bias]),
+            pack_one([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias]),
+            pack_one([m.down_proj.weight], [m.down_proj.bias]),
         )
     head = model.get_output_embeddings()
-    native.set_head(pack([head.weight], [getattr(head, "bias", None)]))
+    native.set_head(pack_one([head.weight], [getattr(head, "bias", None)]))
     return native
 
 

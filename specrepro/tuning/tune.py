@@ -23,6 +23,10 @@ with neither, K = DEFAULT_LOOKAHEAD (the paper's Table 1 setting) and the settin
 
 Every candidate computes the same weights in its dtype: no quantisation. float32 candidates are exact
 against the HF model; bfloat16 ones are exact for bfloat16 (pass `dtypes=(torch.float32,)` to forbid it).
+Only with quantized=True do int8 settings compete too ("int8/native/<threads>t": the native pass with int8
+weights, LeanRunner(weights="int8")): another target, whose logits differ from the model's (SpS is lossless
+with respect to it, not to the float32 or bfloat16 model); the report's "target_weights" names the chosen
+one's weights. The default tune never measures or returns them.
 Results are cached per machine under $SPECREPRO_HOME/tune/: the key holds the CPU model and kernel flags,
 the usable cores, the torch version, the target's (and draft's) identity and the candidate list, so
 another CPU kind, another torch or another model measures afresh. tune() sets torch's thread count to
@@ -60,11 +64,22 @@ class Candidate:
     threads: int
     compile: bool = False
     graphs: str = ""  # "" the lean runner; "cuda" / "compile": engines.static.StaticRunner with those graphs
+    weights: str = "bfloat16"  # "int8": the native pass with int8 weights (another target; tune(quantized=True) only)
 
     @property
     def name(self) -> str:
+        if self.weights == "int8":
+            return f"int8/{self.backend}/{self.threads}t"
         return (f"{self.dtype}/{self.backend}/{self.threads}t" + ("/compiled" if self.compile else "")
                 + (f"/graphs-{self.graphs}" if self.graphs else ""))
+
+    def ident(self) -> dict:
+        """The candidate as the cache key holds it (weights only where not the default, so that the default
+        candidates' keys are what they were before int8 settings existed)."""
+        d = dataclasses.asdict(self)
+        if d["weights"] == "bfloat16":
+            del d["weights"]
+        return d
 
 
 @dataclass
@@ -106,6 +121,7 @@ def tune(
     cache: bool = True,
     temperature: float = 1.0,
     trees=(),
+    quantized: bool = False,
 ) -> Setting:
     """Measure the candidate settings on this machine (or reuse the cached measurement) and pick one.
 
@@ -118,6 +134,8 @@ def tune(
     trees: TreeSpecs to weigh against the chain: with a draft that can branch and a `prompt`, each tree's
     tokens per target call and the chain's at the chosen K are measured on the prompt with the chosen
     runner, and the tree wins if its (depth * draft step + pass over its nodes) / tau is smaller.
+    quantized: also measure "int8/native/<threads>t", the native pass with int8 weights (a different target:
+    its output follows the int8 model, not this one); off by default, and then tune is what it was without it.
     """
     dtypes = [_check_dtype(d) for d in dtypes]
     threads = _check_threads(threads)
@@ -128,7 +146,9 @@ def tune(
     for b in backends:
         if b not in BACKENDS:
             raise ValueError(f"unknown linear backend {b!r}; choose from {', '.join(BACKENDS)}")
-    candidates = candidate_settings(target, dtypes, backends, threads, compile)
+    if not isinstance(quantized, bool):
+        raise TypeError(f"quantized must be True or False, got {quantized!r}")
+    candidates = candidate_settings(target, dtypes, backends, threads, compile, quantized)
     trees = _check_trees(trees, draft, prompt)
     extra = sorted({t.nodes + 1 for t in trees})
     machine = cpu_info()
@@ -168,6 +188,7 @@ def tune(
         "cached": cached, "measure_seconds": measured.get("seconds"), "acceptance": acceptance,
         "acceptance_source": a_source, **choice, "costs": measured["costs"], "screen": measured.get("screen", {}),
         "skipped": measured.get("skipped", {}), "prepare": measured.get("prepare", {}),
+        "target_weights": cand.weights,
     }
     if any(c.backend == "native" for c in candidates):
         from ..engines import native
@@ -211,8 +232,9 @@ def _check_trees(trees, draft, prompt) -> list:
     return trees
 
 
-def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list[Candidate]:
-    """Every (dtype, backend, threads[, compile]) to measure; the lean runner's knobs only where it applies."""
+def candidate_settings(target, dtypes, backends, threads, compile: bool, quantized: bool = False) -> list[Candidate]:
+    """Every (dtype, backend, threads[, compile]) to measure; the lean runner's knobs only where it applies.
+    quantized: also the native pass with int8 weights at each thread count (CPU, native among the backends)."""
     from ..engines.lean import is_llama_like
     from ..engines.runners import split_reason
 
@@ -232,6 +254,8 @@ def candidate_settings(target, dtypes, backends, threads, compile: bool) -> list
                     out.append(Candidate(d, b, t, True))
         if cuda:  # the static-shape runner (engines/static.py): CUDA graphs; compiled ones only when asked
             out += [Candidate(d, "eager", threads[-1], graphs=g) for g in GRAPH_CHOICES if compile or g != "compile"]
+    if quantized and not cuda and "native" in backends:
+        out += [Candidate("bfloat16", "native", t, weights="int8") for t in threads]
     return out
 
 
@@ -252,6 +276,8 @@ def build_runner(target, cand: Candidate):
         from ..engines.static import StaticRunner
 
         return StaticRunner(target, dtype=DTYPES[cand.dtype], graphs=cand.graphs)
+    if cand.weights != "bfloat16":
+        return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, weights=cand.weights)
     return LeanRunner(target, dtype=DTYPES[cand.dtype], backend=cand.backend, compile=cand.compile)
 
 
@@ -286,7 +312,7 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
         return screen_score(screen[name])
 
     def build_of(c):
-        return (c.dtype, c.backend, c.compile, c.graphs)
+        return (c.dtype, c.backend, c.compile, c.graphs, c.weights)
 
     sizes = _graph_sizes(max_lookahead, extra_sizes)
     capture, prepare = {}, {}
@@ -468,7 +494,7 @@ def cache_key(machine: dict, target, draft, candidates, max_lookahead: int, extr
         "draft": None if draft is None else model_identity(draft), "device": str(_device(target)),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available() else [],
-        "candidates": [dataclasses.asdict(c) for c in candidates], "max_lookahead": max_lookahead,
+        "candidates": [c.ident() for c in candidates], "max_lookahead": max_lookahead,
         "extra_sizes": list(extra_sizes),
     }
     if any(c.backend == "native" for c in candidates):  # another build of the native pass is another runner

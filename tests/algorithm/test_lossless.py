@@ -12,6 +12,8 @@ residual ~1.4, bonus off by one ~0.2, inverted ratio ~3, pre-transform p ~0.14).
 and up to 45 cells, 1000 samples reject a shift of w^2 = 0.09 with power >= 0.99
 (test_the_sample_size_has_the_stated_power); 3000 samples had power ~1 - 1e-9, three times the cost.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -35,8 +37,8 @@ CONFIGS = [
     (2, 0.8, 4, 0.9, EOS, "hf"),
     (3, 1.0, None, None, None, "hf"),  # no EOS: every outcome is a full L-tuple
 ]
-# the correct configurations, the draft strategies and the no-bonus control share one family
-ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 1)
+# the correct configurations, the draft strategies, the int8 native target and the no-bonus control share one family
+ALPHA = 0.01 / (len(CONFIGS) + len(DRAFTS) + 2)
 W2_DESIGN = 0.09  # the smallest shift the tests must catch (resampling from q: see the module docstring)
 MAX_CELLS = 45  # more than any configuration here has at N_CHAIN samples (up to ~32)
 
@@ -76,6 +78,42 @@ def test_every_draft_kind_is_lossless(name, factory):
     assert bonus_loops > 0
     if isinstance(draft, HybridDraft):  # both proposers took part
         assert draft.lookup_loops > 0 and draft.fallback_loops > 0, (draft.lookup_loops, draft.fallback_loops)
+
+
+class RunnerAsModel:
+    """exact_joint's model from a runner: each sequence of a batch in one fresh pass (no cache carried over)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __call__(self, input_ids):
+        rows = []
+        for seq in input_ids:
+            self.runner.reset()
+            rows.append(self.runner.forward(seq)[-1:])
+        return SimpleNamespace(logits=torch.stack(rows))
+
+
+def test_an_int8_native_target_is_lossless(tiny_pair):
+    """The native pass with int8 weights as the target: another target than the float32 model, so the exact joint
+    is enumerated with that pass itself (uncached: each sequence in one fresh pass)."""
+    from specrepro.engines import native
+
+    reason = native.unavailable_reason(torch.bfloat16, "cpu")
+    if reason is not None:
+        pytest.skip(f"no native build here: {reason}")
+    target, draft = tiny_pair
+    int8 = LeanRunner(target, dtype=torch.bfloat16, backend="native", weights="int8")
+    result, outcomes, bonus_loops = fit(int8, ModelDraft(LeanRunner(draft)), 3, SamplingConfig(1.0), EOS, seed=300,
+                                        model=RunnerAsModel(LeanRunner(target, dtype=torch.bfloat16, backend="native",
+                                                                       weights="int8")))
+    assert result.pvalue > ALPHA, result
+    assert 5 <= result.cells <= MAX_CELLS
+    assert bonus_loops > 0
+    # the harness tells this target from the float32 model's: the int8 pass's joint is not the float32 one
+    float32 = exact_joint(target, PROMPT, L, SamplingConfig(1.0), EOS)
+    quantised = exact_joint(RunnerAsModel(int8), PROMPT, L, SamplingConfig(1.0), EOS)
+    assert max(abs(float32.get(o, 0) - quantised.get(o, 0)) for o in float32) > 0
 
 
 def test_greedy_sps_is_deterministic_and_equals_target_argmax_path(tiny_pair):

@@ -194,8 +194,8 @@ NATIVE_HERE = native.unavailable_reason(torch.bfloat16, "cpu") is None
                                                    ("-mno-avx512f -mno-avx2 -mno-fma", "portable", None)])
 def test_the_other_kernel_families_pass_the_same_tests(tmp_path, flags, family, cpu_flag):
     """What a CPU without AVX512 (AVX2 + FMA), or without AVX2 too, runs: the module built with those flags (a
-    separate build, ~30 s), and this file's and the batch-invariance file's exactness tests run against it in a
-    fresh process."""
+    separate build, ~30 s), and this file's, the batch-invariance file's and the int8 file's exactness tests run
+    against it in a fresh process (int8: the AVX2 or portable integer products)."""
     import os
     import subprocess
 
@@ -214,7 +214,8 @@ def test_the_other_kernel_families_pass_the_same_tests(tmp_path, flags, family, 
     # vectorized tile once made, faulting only where the buffer ended the heap) is a SIGSEGV every time
     env["SPECREPRO_NATIVE_GUARD_PAGE"] = "1"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                          str(here / "test_native.py"), str(here / "test_native_invariance.py"), "-k",
+                          str(here / "test_native.py"), str(here / "test_native_invariance.py"),
+                          str(here / "test_native_int8.py"), "-k",
                           "(kernel or float32_runner or bit_for_bit or tree or greedy or same or equal) and not other_kernel"],
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, (run.returncode, run.stdout[-3000:])

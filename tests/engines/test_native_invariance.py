@@ -19,18 +19,19 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no native build her
 LAYOUTS = [(4, 2, 64), (2, 1, 64), (8, 2, 64), (16, 1, 256)]
 
 
-def native_runner(m, capacity=512):
-    return sr.LeanRunner(m, dtype=torch.bfloat16, backend="native", capacity=capacity)
+def native_runner(m, capacity=512, weights="bfloat16"):
+    return sr.LeanRunner(m, dtype=torch.bfloat16, backend="native", capacity=capacity, weights=weights)
 
 
 def one_by_one(runner, ids):
     return torch.cat([runner.forward(ids[i:i + 1]) for i in range(len(ids))])
 
 
-def check_rows_equal_one_row_passes(m, ids, prefixes, sizes, after=3):
+def check_rows_equal_one_row_passes(m, ids, prefixes, sizes, after=3, weights="bfloat16"):
     """For each prefix length and n: one pass over n tokens gives the logits of n one-token passes, and `after`
     one-token passes later (reading cache entries the n-row pass wrote) do too."""
-    many, single = native_runner(m, capacity=8), native_runner(m)  # different capacities: the cache grows
+    # different capacities: the cache grows
+    many, single = native_runner(m, capacity=8, weights=weights), native_runner(m, weights=weights)
     for prefix in prefixes:
         # the one-token passes after the prefix, once for all n: the first n of them are the same passes whatever n is
         single.reset()
@@ -53,6 +54,25 @@ def test_every_row_of_a_pass_equals_its_one_row_pass(heads, kv_heads, hidden):
     m = model(1, heads=heads, kv_heads=kv_heads, hidden=hidden)
     ids = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(2))
     check_rows_equal_one_row_passes(m, ids, prefixes=[1, 6, 31, 70, 150], sizes=range(1, 18))
+
+
+@pytest.mark.parametrize("heads,kv_heads,hidden", LAYOUTS)
+def test_int8_every_row_of_a_pass_equals_its_one_row_pass(heads, kv_heads, hidden):
+    """The same with int8 weights (each product's input rows quantised alone, per-output sums in one order)."""
+    m = model(1, heads=heads, kv_heads=kv_heads, hidden=hidden)
+    ids = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(2))
+    check_rows_equal_one_row_passes(m, ids, prefixes=[1, 31, 150], sizes=range(1, 18), weights="int8")
+
+
+def test_int8_the_same_rows_at_64_a_pass_and_in_prompt_blocks():
+    m = model(3)
+    ids = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(4))
+    check_rows_equal_one_row_passes(m, ids, prefixes=[1, 5], sizes=[native.MAX_ROWS - 1, native.MAX_ROWS], after=0,
+                                    weights="int8")
+    block, single = native_runner(m, weights="int8"), native_runner(m, weights="int8")
+    block.prefill(ids[:150])  # blocks of native.MAX_ROWS
+    one_by_one(single, ids[:150])
+    assert torch.equal(block.forward(ids[150:160]), single.forward(ids[150:160]))
 
 
 def test_a_prompt_longer_than_a_native_call_caches_what_one_token_passes_do():
@@ -97,11 +117,16 @@ def path_of(node, parents):
     return path[::-1]
 
 
-@pytest.mark.parametrize("heads,kv_heads,hidden", LAYOUTS)
-def test_tree_nodes_equal_one_row_passes_along_their_path(heads, kv_heads, hidden):
+@pytest.mark.parametrize("heads,kv_heads,hidden,weights", [(*layout, "bfloat16") for layout in LAYOUTS]
+                         + [(*LAYOUTS[0], "int8"), (*LAYOUTS[3], "int8")])
+def test_tree_nodes_equal_one_row_passes_along_their_path(heads, kv_heads, hidden, weights):
     """Each node's logits in a tree pass are those of one-token passes over its path; after compaction to an
     accepted path, later passes read the cache a chain of one-token passes would have written."""
     m = model(5, heads=heads, kv_heads=kv_heads, hidden=hidden)
+
+    def native_runner(m):
+        return sr.LeanRunner(m, dtype=torch.bfloat16, backend="native", weights=weights)
+
     ids = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(6))
     # a tree of 11 nodes over 4 levels, siblings interleaved with deeper nodes in slot order
     parents = [-1, -1, 0, -1, 2, 1, 0, 4, 5, 2, 7]
@@ -133,10 +158,12 @@ def repetitive_prompt(vocab, n=60, seed=8):
     return torch.cat([phrases[i] for i in order])[:n]
 
 
-def check_greedy_sps_equals_ars(target, prompt, vocab, new_tokens, lookahead=4, tree=None):
-    ars = sr.autoregressive_generate(native_runner(target), prompt, max_new_tokens=new_tokens, temperature=0.0)
+def check_greedy_sps_equals_ars(target, prompt, vocab, new_tokens, lookahead=4, tree=None, weights="bfloat16"):
+    ars = sr.autoregressive_generate(native_runner(target, weights=weights), prompt, max_new_tokens=new_tokens,
+                                     temperature=0.0)
     draft = sr.drafts.LookupDraft(vocab)
-    sps = sr.speculative_generate(native_runner(target), draft, prompt, max_new_tokens=new_tokens, lookahead=lookahead,
+    sps = sr.speculative_generate(native_runner(target, weights=weights), draft, prompt, max_new_tokens=new_tokens,
+                                  lookahead=lookahead,
                                   temperature=0.0, tree=tree)
     assert sum(sps.accepted) > 0  # the draft's tokens were verified in many-row passes and some were kept
     same = (sps.tokens == ars.tokens).long().cumprod(0).sum().item()
@@ -144,11 +171,12 @@ def check_greedy_sps_equals_ars(target, prompt, vocab, new_tokens, lookahead=4, 
     return sps
 
 
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
 @pytest.mark.parametrize("tree", [None, sr.TreeSpec(width=3, depth=4)], ids=["chain", "tree"])
-def test_greedy_sps_with_prompt_lookup_equals_greedy_ars(tree):
+def test_greedy_sps_with_prompt_lookup_equals_greedy_ars(tree, weights):
     target = model(9, vocab=64, heads=4, kv_heads=2)
     for seed in range(3):
-        check_greedy_sps_equals_ars(target, repetitive_prompt(64, seed=seed), 64, 80, tree=tree)
+        check_greedy_sps_equals_ars(target, repetitive_prompt(64, seed=seed), 64, 80, tree=tree, weights=weights)
 
 
 # ---- the real target (bfloat16 SmolLM2-135M-Instruct)
@@ -171,14 +199,23 @@ def test_real_target_rows_equal_one_row_passes(smollm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tree", [None, sr.TreeSpec(width=3, depth=4)], ids=["chain", "tree"])
-def test_real_target_greedy_sps_with_prompt_lookup_equals_greedy_ars(smollm, tree):
+def test_real_target_int8_rows_equal_one_row_passes(smollm):
+    target, tokenizer = smollm
+    ids = torch.tensor(tokenizer(" ".join(PROMPTS * 4))["input_ids"])
+    check_rows_equal_one_row_passes(target, ids, prefixes=[9, 300], sizes=range(1, 10), after=2, weights="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree,weights", [(None, "bfloat16"), (sr.TreeSpec(width=3, depth=4), "bfloat16"),
+                                          (None, "int8")], ids=["chain", "tree", "chain-int8"])
+def test_real_target_greedy_sps_with_prompt_lookup_equals_greedy_ars(smollm, tree, weights):
     target, tokenizer = smollm
     for text in PROMPTS:
         chat = [{"role": "user", "content": text}]
         text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         prompt = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
-        check_greedy_sps_equals_ars(target, prompt, target.config.vocab_size, 160, lookahead=4, tree=tree)
+        check_greedy_sps_equals_ars(target, prompt, target.config.vocab_size, 160, lookahead=4, tree=tree,
+                                    weights=weights)
 
 
 # ---- the pieces, at float32 (a pass rounds the attention's output to bfloat16 before the o projection, which

@@ -27,5 +27,18 @@ def test_roofline_counts_the_weights_once_and_the_products_per_row(monkeypatch):
     assert rows[2]["measured_over_bound"] == pytest.approx(1.2 / max(rows[2]["floor_ms"], rows[2]["roof_ms"]))
 
 
+def test_the_int8_roofline_streams_a_byte_and_a_scale_per_32_weights(monkeypatch):
+    monkeypatch.setattr(ops, "stream_gbps", lambda: 10.0)
+    asked = []
+    monkeypatch.setattr(ops, "native_gmacs", lambda weights="bfloat16": asked.append(weights) or 2.0)
+    m = model(0, vocab=64, layers=2, heads=4, kv_heads=2, hidden=64)
+    bf16 = ops.roofline(m, 10, [1], {1: 1.0})
+    int8 = ops.roofline(m, 10, [1], {1: 1.0}, weights="int8")
+    params = bf16["weight_bytes"] // 2
+    assert int8["weight_bytes"] == params + params // 32 * 4 and int8["weights"] == "int8"
+    assert asked == ["bfloat16", "int8"]
+
+
 def test_the_kernel_rate_and_the_bandwidth_are_measured():
     assert ops.native_gmacs(rows=2, reps=2) > 0 and ops.stream_gbps(reps=2, mb=8) > 0
+    assert ops.native_gmacs(rows=2, reps=2, weights="int8") > 0

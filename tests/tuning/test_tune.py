@@ -334,3 +334,32 @@ def test_a_native_build_for_an_instruction_set_the_cpu_lacks_is_skipped_by_tune_
     backend, why = run.stdout.strip().splitlines()[-2:]
     assert backend == "eager"
     assert why.startswith("the native CPU pass cannot run on this CPU: this CPU lacks avxvnni,") and "-mavxvnni" in why
+
+
+def test_int8_settings_compete_only_when_asked_and_leave_the_default_keys_alone(home):
+    """quantized=True adds "int8/native/<t>t" (the native pass with int8 weights, another target) to the candidates;
+    without it tune measures exactly what it did before int8 existed (the same candidates, the same cache keys)."""
+    from specrepro.engines import native
+
+    model = llama(0)
+    default = tune_mod.candidate_settings(model, ["float32", "bfloat16"], kernels.BACKENDS, [1, 2], False)
+    assert all(c.weights == "bfloat16" and not c.name.startswith("int8") for c in default)
+    assert tune_mod.Candidate("bfloat16", "native", 2).ident() == {
+        "dtype": "bfloat16", "backend": "native", "threads": 2, "compile": False, "graphs": ""}
+    asked = tune_mod.candidate_settings(model, ["bfloat16"], ["eager", "native"], [1, 2], False, quantized=True)
+    assert [c.name for c in asked if c.weights == "int8"] == ["int8/native/1t", "int8/native/2t"]
+    assert not [c for c in tune_mod.candidate_settings(model, ["bfloat16"], ["eager"], [1], False, True)
+                if c.weights == "int8"]  # no native backend asked: no int8
+    info = machine.cpu_info()
+    assert tune_mod.cache_key(info, model, None, default, 4) != tune_mod.cache_key(info, model, None, asked, 4)
+    with pytest.raises(TypeError, match="quantized must be True or False"):
+        sr.tune(model, quantized="yes")
+    if native.unavailable_reason(torch.bfloat16, "cpu") is not None:
+        return
+    setting = small_tune(model, dtypes=["bfloat16"], backends=["native"], quantized=True)
+    assert {"bfloat16/native/1t", "int8/native/1t"} == set(setting.report["screen"])
+    int8 = tune_mod.build_runner(model, tune_mod.Candidate("bfloat16", "native", 1, weights="int8"))
+    assert int8.weights == "int8"
+    assert setting.report["target_weights"] == setting.target.weights == setting.candidate.weights
+    plain = small_tune(model, dtypes=["bfloat16"], backends=["native"])
+    assert set(plain.report["screen"]) == {"bfloat16/native/1t"} and plain.target.weights == "bfloat16"
