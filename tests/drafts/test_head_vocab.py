@@ -69,7 +69,7 @@ def test_load_cuts_the_shipped_drafts_head_and_refuses_what_it_cannot_cut(smollm
     assert load("heads", target=model, head_vocab=1024).net.keep.numel() == 1024
     with pytest.raises(ValueError, match="a 'small' draft has none to cut"):
         load("small", target=model, head_vocab=1024)
-    with pytest.raises(ValueError, match="head_vocab must be an integer in 1..16"):
+    with pytest.raises(ValueError, match=f"head_vocab must be an integer in 1\\.\\.{full.net.keep.numel()} "):
         load("feature", target=model, head_vocab=10 ** 6)
     with pytest.raises(ValueError, match="head's token count"):
         make_draft("feature:many", model)
