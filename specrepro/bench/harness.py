@@ -79,11 +79,13 @@ def parse_runner(spec: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
     if kind not in RUNNER_KINDS:
         raise ValueError(f"unknown runner {spec!r}: use {', '.join(RUNNER_KINDS)}, optionally lean/onednn/compiled/frozen"
                          "@float32 or @bfloat16")
+    if spec == "native@int8":  # the int8-weight target (LeanRunner weights="int8"): another model, named apart
+        return "native@int8", torch.bfloat16
     if name and (kind in ("hf", "tuned") or name not in ("float32", "bfloat16")):
         raise ValueError(f"runner {spec!r}: only lean, onednn, compiled and frozen take @float32 or @bfloat16")
     if kind == "native":  # the native pass computes with bfloat16 weights (specrepro.engines.native)
         if name not in ("", "bfloat16"):
-            raise ValueError(f"runner {spec!r}: the native pass is bfloat16 only")
+            raise ValueError(f"runner {spec!r}: the native pass takes @bfloat16 (default) or @int8 weights")
         return kind, torch.bfloat16
     return kind, getattr(torch, name) if name else dtype
 
@@ -123,6 +125,8 @@ class Setup:
                 from ..engines.frozen import FrozenRunner
 
                 self.targets[name] = FrozenRunner(target, dtype=dt)
+            elif kind == "native@int8":
+                self.targets[name] = LeanRunner(target, dtype=dt, backend="native", weights="int8")
             else:
                 self.targets[name] = LeanRunner(target, dtype=dt, compile=kind == "compiled",
                                                 backend=kind if kind in ("onednn", "native") else "eager")
@@ -360,7 +364,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="greedy,sample")
     ap.add_argument("--runners", default="hf,lean",
                     help="ours on: hf (HF model forward with its cache), lean, onednn (lean, oneDNN-prepacked linears), "
-                         "native (lean, the C++ bfloat16 pass of specrepro.engines.native), "
+                         "native (lean, the C++ bfloat16 pass of specrepro.engines.native; native@int8 its int8-weight target), "
                          "compiled (lean under torch.compile), frozen (one-token step compiled by inductor with "
                          "frozen weights, specrepro.engines.frozen), each optionally @float32 or @bfloat16; tuned (sr.tune's pick)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate() and assisted generation")

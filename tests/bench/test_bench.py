@@ -204,3 +204,17 @@ def test_the_overhead_tool_times_the_forwards_inside_the_same_loops():
     assert timed.forwards == 1 and timed.forward_seconds > 0  # prefill is not counted
     with pytest.raises(ValueError, match="no prefill"):
         overhead(torch.nn.Linear(2, 2), torch.tensor([1, 2]), 4, MODES["greedy"], seed=0)
+
+
+def test_native_int8_is_its_own_runner_in_the_bench():
+    """native@int8 names the int8-weight target (LeanRunner weights="int8"), never the bfloat16 one."""
+    import shutil
+
+    from specrepro.engines import native
+
+    assert bench.parse_runner("native@int8", torch.float32) == ("native@int8", torch.bfloat16)
+    assert bench.parse_runner("native", torch.float32) == ("native", torch.bfloat16)
+    if shutil.which("g++") is None or native.unavailable_reason(torch.bfloat16, "cpu") is not None:
+        pytest.skip("no native build here")
+    setup = bench.Setup(tiny(0), None, runners=("native", "native@int8"))
+    assert setup.targets["native@int8"].weights == "int8" and setup.targets["native"].weights == "bfloat16"
