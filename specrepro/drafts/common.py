@@ -116,3 +116,30 @@ class HiddenStateDraft(Draft):
     def compute_dtype(self) -> torch.dtype:
         """What the net computes in (the target's, or load()'s dtype)."""
         return next(self.net.parameters()).dtype
+
+    # The step through the native kernels (specrepro.engines.native), where a subclass has one: `native` is None
+    # (the default: native where it serves, a bfloat16 net on the CPU with the module built here), True or
+    # False (always torch); `_native` the packed step, rebuilt when the net's weights or cut head change.
+    native: bool | None = False
+    _native = None
+
+    def _build_native(self):
+        """A new native step for self.net (its class has key_of(net), a digest of what it was packed from)."""
+        raise NotImplementedError
+
+    def _native_step(self):
+        """The native step to run, or None for the torch step."""
+        if self.native is False:
+            return None
+        if self.native is None and not self._native_serves():
+            self.native = False  # decided once per draft
+            return None
+        if self._native is None or self._native.key != type(self._native).key_of(self.net):
+            self._native = self._build_native()
+        return self._native
+
+    def _native_serves(self) -> bool:
+        from ..engines import native
+
+        return (self.compute_dtype() == torch.bfloat16 and self.device.type == "cpu"
+                and native.unavailable_reason(torch.bfloat16, self.device) is None)

@@ -125,8 +125,9 @@ class NativeFeature:
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
-    def step(self, h: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask=None, logits: bool = True):
-        """As FeatureNet.step with its cache (h [1, T, F], ids [1, T], pos [T]; mask [T, cached + T] bool), plus
+    def step(self, h: torch.Tensor, ids: torch.Tensor, pos, mask=None, logits: bool = True):
+        """As FeatureNet.step with its cache (h [1, T, F], ids [1, T]; pos: positions [T], or an int, the first of
+        T consecutive ones (a chain: the RoPE rows are then a view, not a gather); mask [T, cached + T] bool), plus
         the kept-head logits [T, kept] (float32) when `logits`. Returns (f [1, T, H] float32, logits or None)."""
         t = ids.shape[-1]
         if self.length + t > self.capacity:
@@ -135,8 +136,11 @@ class NativeFeature:
         if self.fuse is not None and g.shape[-1] == self.fuse.k:
             g = self.linear(scaled_taps(g, self.taps), self.fuse)
         x = torch.cat([g, self.emb[ids[0]].float()], -1)
-        f, out, _ = self.model.forward_features(x, self.length, self.cos[pos], self.sin[pos], mask, self.k_cache,
-                                                self.v_cache, logits)
+        if isinstance(pos, int):
+            cos, sin = self.cos[pos : pos + t], self.sin[pos : pos + t]
+        else:
+            cos, sin = self.cos[pos], self.sin[pos]
+        f, out, _ = self.model.forward_features(x, self.length, cos, sin, mask, self.k_cache, self.v_cache, logits)
         self.length += t
         return f.view(1, t, self.hidden), out
 
@@ -151,6 +155,7 @@ class FeatureDraft(HiddenStateDraft):
         super().__init__(net, target)
         self.native = native
         self._native: NativeFeature | None = None
+        self._stepper: NativeFeature | None = None
         self.reset()
 
     @property
@@ -175,22 +180,9 @@ class FeatureDraft(HiddenStateDraft):
             self._native.truncate(0)
         self.tokens = torch.empty(0, dtype=torch.long, device=self.device)
 
-    def _native_step(self) -> NativeFeature | None:
-        if self.native is False:
-            return None
-        if self.native is None and not self._native_serves():
-            self.native = False  # decided once per draft
-            return None
-        if self._native is None or self._native.key != NativeFeature.key_of(self.net):
-            self._native = NativeFeature(self.net, self.context_window or 8192)
-            self.tokens = self.tokens[:0]  # a new cache: nothing is cached in it yet
-        return self._native
-
-    def _native_serves(self) -> bool:
-        from ..engines import native
-
-        return (self.compute_dtype() == torch.bfloat16 and self.device.type == "cpu"
-                and native.unavailable_reason(torch.bfloat16, self.device) is None)
+    def _build_native(self) -> NativeFeature:
+        self.tokens = self.tokens[:0]  # a new cache: nothing is cached in it yet
+        return NativeFeature(self.net, self.context_window or 8192)
 
     def _cached(self) -> int:
         return self._native.length if self._native is not None and self.native is not False else self.cache.length
@@ -201,16 +193,24 @@ class FeatureDraft(HiddenStateDraft):
         self.cache.truncate(n)
 
     def _step(self, h, ids, pos, mask=None):
-        """(f [1, T, H], kept-vocabulary logits [T, kept] float32) of one step, native or torch, cached."""
-        step = self._native_step()
-        if step is not None:
-            return step.step(h, ids, pos, mask)
+        """(f [1, T, H], kept-vocabulary logits [T, kept] float32) of one step, native or torch, cached. pos:
+        positions [T], or the first of T consecutive ones as an int. The native step is chosen (and rebuilt if
+        the net changed) once per proposal, by _begin."""
+        if self._stepper is not None:
+            return self._stepper.step(h, ids, pos, mask)
+        if isinstance(pos, int):
+            pos = torch.arange(pos, pos + ids.shape[-1], device=self.device)
         f = self.net.step(h, ids, pos, self.cache, mask)
         return f, self.net.logits(f[0]).float()
+
+    def _begin(self) -> None:
+        """Before a proposal reads the cache: the step it runs (a rebuilt native step starts with an empty cache)."""
+        self._stepper = self._native_step()
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
         seq = seq.to(self.device)
+        self._begin()
         f, logits, real = self._root_feature(seq, target_hidden)
         tokens, probs = [], []
         keep = self.net.keep_ids
@@ -219,8 +219,7 @@ class FeatureDraft(HiddenStateDraft):
             tokens.append(token)
             probs.append(p)
             if i + 1 < k:
-                pos = torch.full((1,), max(real, 1) + i, device=self.device)
-                f, logits = self._step(f, token.view(1, 1), pos)
+                f, logits = self._step(f, token.view(1, 1), max(real, 1) + i)
         self.calls += k
         self._truncate(real)  # forget draft positions: they used the draft's own features
         self.tokens = seq
@@ -234,6 +233,7 @@ class FeatureDraft(HiddenStateDraft):
         from .growing import grow
 
         seq = seq.to(self.device)
+        self._begin()
         f, logits, real = self._root_feature(seq, target_hidden)
         context = self._cached()
         features = {-1: f[0, -1]}
@@ -270,10 +270,9 @@ class FeatureDraft(HiddenStateDraft):
         dtype = self.compute_dtype()
         if real > 0:
             h = target_hidden[valid:real].to(self.device, dtype).unsqueeze(0)
-            pos = torch.arange(valid, real, device=self.device)
-            f, logits = self._step(h, seq[valid + 1 : n].view(1, -1), pos)
+            f, logits = self._step(h, seq[valid + 1 : n].view(1, -1), valid)
             return f[:, -1:], logits[-1:], real
         # a one-token prompt: no target feature yet, start from zeros
         zeros = torch.zeros(1, 1, self.hidden_size, dtype=dtype, device=self.device)
-        f, logits = self._step(zeros, seq.view(1, 1), torch.arange(1, device=self.device))
+        f, logits = self._step(zeros, seq.view(1, 1), 0)
         return f, logits, real

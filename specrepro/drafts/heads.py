@@ -129,18 +129,5 @@ class HeadsDraft(HiddenStateDraft):
             logits = self.net.logits(self.net.features(h, seq[-1].to(self.device))).float()
         return expand_logits(logits, self.net.keep_ids, self.vocab_size) if expand else logits
 
-    def _native_step(self) -> NativeHeads | None:
-        if self.native is False:
-            return None
-        if self.native is None and not self._native_serves():
-            self.native = False  # decided once per draft
-            return None
-        if self._native is None or self._native.key != NativeHeads.key_of(self.net):
-            self._native = NativeHeads(self.net)
-        return self._native
-
-    def _native_serves(self) -> bool:
-        from ..engines import native
-
-        return (self.compute_dtype() == torch.bfloat16 and self.device.type == "cpu"
-                and native.unavailable_reason(torch.bfloat16, self.device) is None)
+    def _build_native(self) -> NativeHeads:
+        return NativeHeads(self.net)

@@ -33,6 +33,7 @@ def test_native_step_matches_the_torch_step_and_is_the_default_for_bfloat16(taps
     seq = torch.tensor([0, 7, 3, 9, 4])
     hidden = torch.randn(4, width, generator=torch.Generator().manual_seed(0))
     fast, slow = bf16_feature(target, {"taps": list(taps)}), bf16_feature(target, {"taps": list(taps)}, native=False)
+    fast._begin(), slow._begin()  # what a proposal does first: choose the step
     fa, la, _ = fast._root_feature(seq, hidden)
     fb, lb, _ = slow._root_feature(seq, hidden)
     assert fast._native is not None and slow._native is None  # the default chose the native step
