@@ -31,12 +31,16 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0, extra_sizes=()) -> dict:
+def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, seed: int = 0, extra_sizes=(),
+                       proposal_sizes=()) -> dict:
     """{name: costs} for several (target, draft or None) pairs measured interleaved, e.g. one per runner.
 
     costs: {"target_ms": {n: median ms of a pass over n tokens}, "v": {K: target_ms[K+1] / target_ms[1]},
-    and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}. extra_sizes: more pass sizes to time
-    (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1.
+    and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}: a proposal of one token, right after a
+    target pass as in a loop. extra_sizes: more pass sizes to time (e.g. a token tree's node count + 1), beyond
+    1..max(ks) + 1. proposal_sizes: also time proposals of these many tokens, each right after a target pass
+    ("proposal_ms": {K: median ms}, "c_per_token": {K: proposal_ms[K] / K / target_ms[1]}): a draft's later
+    steps in one proposal find its weights in cache, its first one after the target's pass does not.
     """
     ks = [int(k) for k in ks if int(k) > 0] or [1]
     sizes = sorted(set(range(1, max(ks) + 2)) | {int(n) for n in extra_sizes if int(n) >= 1})
@@ -44,10 +48,10 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     if prefix.shape[0] < 2:
         raise ValueError("measure_costs needs a prefix of at least 2 tokens")
     with contextlib.ExitStack() as kept:
-        return _measure(pairs, prefix, sizes, reps, seed, kept)
+        return _measure(pairs, prefix, sizes, reps, seed, kept, sorted({int(k) for k in proposal_sizes if int(k) > 1}))
 
 
-def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
+def _measure(pairs, prefix, sizes, reps, seed, kept, proposal_sizes=()) -> dict:
     g = torch.Generator().manual_seed(seed)
     greedy = SamplingConfig(0.0)
     state = {}
@@ -63,7 +67,7 @@ def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
             proposer.reset()
             proposer.propose(prefix, 1, greedy, g, hidden)  # caches the prefix in the draft
         state[name] = dict(runner=runner, proposer=proposer, hidden=hidden, base=runner.length,
-                           times={n: [] for n in sizes}, draft=[])
+                           times={n: [] for n in sizes}, draft=[], proposals={k: [] for k in proposal_sizes})
     for _ in range(reps):
         for name, s in state.items():
             runner = s["runner"]
@@ -81,6 +85,14 @@ def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
                 s["proposer"].propose(prefix, 1, greedy, g, s["hidden"])  # one step, as inside a loop
                 _sync(runner.device)
                 s["draft"].append(time.perf_counter() - t)
+                for k in proposal_sizes:  # each after a target pass, as the first of a loop's proposals is
+                    runner.forward(ids[:1])
+                    _sync(runner.device)
+                    runner.rollback(s["base"])
+                    t = time.perf_counter()
+                    s["proposer"].propose(prefix, k, greedy, g, s["hidden"])
+                    _sync(runner.device)
+                    s["proposals"][k].append(time.perf_counter() - t)
     out = {}
     for name, s in state.items():
         target_ms = {n: 1e3 * statistics.median(v) for n, v in s["times"].items()}
@@ -88,6 +100,9 @@ def _measure(pairs, prefix, sizes, reps, seed, kept) -> dict:
         if s["draft"]:
             entry["draft_ms"] = 1e3 * statistics.median(s["draft"])
             entry["c"] = entry["draft_ms"] / target_ms[1]
+        if any(s["proposals"].values()):
+            entry["proposal_ms"] = {1: entry["draft_ms"]} | {k: 1e3 * statistics.median(v) for k, v in s["proposals"].items()}
+            entry["c_per_token"] = {k: ms / k / target_ms[1] for k, ms in entry["proposal_ms"].items()}
         out[name] = entry
     return out
 

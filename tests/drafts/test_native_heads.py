@@ -85,8 +85,13 @@ def test_step_cost_cli_times_each_way_a_draft_step_runs(tmp_path, smollm):
     assert [(r["draft"], r["step"]) for r in rows] == [("heads:1024", "native"), ("heads:1024", "torch"),
                                                        ("small", "native"), ("small", "torch")]
     assert all(r["draft_ms"] > 0 and r["c"] == pytest.approx(r["draft_ms"] / r["target_one_token_ms"]) for r in rows)
+    for r in rows:  # proposals of 3 tokens too, per drafted token
+        assert set(r["proposal_ms"]) == {1, 3} and r["proposal_ms"][1] == r["draft_ms"]
+        assert r["c_per_token"][3] == pytest.approx(r["proposal_ms"][3] / 3 / r["target_one_token_ms"])
     meta = json.loads(out.read_text())["meta"]
     assert {"commit", "dirty", "code_digest"} <= set(meta["provenance"]) and meta["machine"]["cpu_count"] >= 1
     assert not os.path.isabs(meta["args"]["out"])
     with pytest.raises(SystemExit):
         step_cost.main(["--reps", "1"])
+    with pytest.raises(SystemExit):
+        step_cost.main(["--proposals", "1"])
