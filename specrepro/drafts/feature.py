@@ -83,8 +83,9 @@ class FeatureNet(nn.Module, FrozenTargetParts):
 class NativeFeature:
     """A FeatureNet's steps through the native pass (specrepro.engines.native): its decoder layer as a one-layer
     native model whose input projection is the net's fc over [feature ; embedding], whose final norm is the
-    net's and whose LM head is the kept head, with its own float32 KV cache. One C++ call per draft step (and
-    one product for `fuse` on the rows of fused target features) instead of ~40 torch ops.
+    net's and whose LM head is the kept head, with its own float32 KV cache. One C++ call per draft step
+    (`forward_draft`: the embedding lookup, and for rows of fused target features their scaling and `fuse`,
+    happen inside it) instead of ~40 torch ops.
 
     Numbers: bfloat16 weights and product inputs, float32 accumulation, norms, RoPE and attention (the native
     pass's), so features and logits agree with the torch step within bfloat16 round-off; the draft draws from,
@@ -102,10 +103,8 @@ class NativeFeature:
                              native.pack([layer.gate.weight, layer.up.weight]), native.pack([layer.down.weight]))
         self.model.set_input(native.pack([net.fc.weight]))
         self.model.set_head(native.pack([net.head]))
-        self.fuse = native.pack([net.fuse.weight]) if net.fuse is not None else None
-        self.taps = len(net.taps)
-        self.linear = module.linear
-        self.emb = net.emb
+        if net.fuse is not None:  # the target's fused features: scaled and fused inside the call (scaled_taps)
+            self.model.set_fuse(native.pack([net.fuse.weight]), len(net.taps))
         self.hidden = net.emb.shape[1]
         self.capacity = context + 1
         self.k_cache = torch.zeros(1, 1, layer.kv_heads, self.capacity, layer.hd)
@@ -132,15 +131,12 @@ class NativeFeature:
         t = ids.shape[-1]
         if self.length + t > self.capacity:
             raise ValueError(f"the draft's cache holds {self.capacity} positions, {self.length + t} were asked for")
-        g = h[0].float()
-        if self.fuse is not None and g.shape[-1] == self.fuse.k:
-            g = self.linear(scaled_taps(g, self.taps), self.fuse)
-        x = torch.cat([g, self.emb[ids[0]].float()], -1)
         if isinstance(pos, int):
             cos, sin = self.cos[pos : pos + t], self.sin[pos : pos + t]
         else:
             cos, sin = self.cos[pos], self.sin[pos]
-        f, out, _ = self.model.forward_features(x, self.length, cos, sin, mask, self.k_cache, self.v_cache, logits)
+        f, out, _ = self.model.forward_draft(h[0], ids[0], self.length, cos, sin, mask, self.k_cache, self.v_cache,
+                                             logits)
         self.length += t
         return f.view(1, t, self.hidden), out
 

@@ -1371,7 +1371,6 @@ class Model {
                                                                   bool logits) {
     TORCH_CHECK(features.dim() == 2 && features.size(0) >= 1, "features must be [n, width] with n >= 1, got shape ",
                 features.sizes());
-    const int64_t n = features.size(0);
     if (input_.n == 0) {
       TORCH_CHECK(features.size(1) == hidden_, "features are ", features.size(1), " wide, the hidden size is ", hidden_,
                   " (no input projection was set)");
@@ -1380,15 +1379,83 @@ class Model {
     TORCH_CHECK(features.size(1) == input_.k, "features are ", features.size(1), " wide, the input projection reads ",
                 input_.k);
     at::Tensor f = features.to(at::kFloat).contiguous();
-    Operand xin(n, input_.k);
-    serial([&] { xin.set(input_, f.data_ptr<float>(), n, input_.k); });
-    at::Tensor x = at::empty({n, input_.width()}, at::kFloat);
-    xin.multiply(input_, n, x.data_ptr<float>());
-    if (input_.width() != hidden_) x = x.narrow(1, 0, hidden_).contiguous();
-    return run(x, start, cos, sin, mask, k_cache, v_cache, logits);
+    return run(project_input(f.data_ptr<float>(), features.size(0)), start, cos, sin, mask, k_cache, v_cache, logits);
+  }
+
+  // EAGLE-3's fused features for forward_draft: a row of the target's `taps` tapped layers beside its final hidden
+  // state ([(taps + 1) H]) has each tapped block divided by its root mean square (drafts.feature.scaled_taps), then
+  // `fuse` maps it to H.
+  void set_fuse(const Packed& fuse, int64_t taps) {
+    TORCH_CHECK(taps >= 1 && fuse.n == hidden_ && fuse.k == (taps + 1) * hidden_, "fuse projection is ", fuse.n, " x ",
+                fuse.k, ", expected ", hidden_, " x ", (taps + 1) * hidden_, " for ", taps, " tapped layer(s)");
+    check_kind(fuse, "the fuse projection");
+    fuse_ = fuse;
+    fuse_taps_ = taps;
+  }
+
+  // A feature draft's step in one call: features [n, H] (the draft's own, or the target's final hidden states) or
+  // [n, (taps + 1) H] (the target's fused features, set_fuse), any floating dtype, and ids [n], the next tokens.
+  // The input projection reads [feature ; the token's embedding]; then the layers, norm and head as forward's.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_draft(const at::Tensor& features, const at::Tensor& ids,
+                                                               int64_t start, const at::Tensor& cos, const at::Tensor& sin,
+                                                               const std::optional<at::Tensor>& mask,
+                                                               at::Tensor& k_cache, at::Tensor& v_cache, bool logits) {
+    const int64_t h = hidden_;
+    TORCH_CHECK(input_.n > 0 && input_.k == 2 * h, "forward_draft needs an input projection over [feature ; embedding] (",
+                2 * h, " inputs), got ", input_.k == 0 ? std::string("none") : std::to_string(input_.k) + " inputs");
+    TORCH_CHECK(features.dim() == 2 && features.size(0) >= 1 && features.is_floating_point(),
+                "features must be floating [n, width] with n >= 1, got ", features.scalar_type(), " ", features.sizes());
+    const int64_t n = features.size(0), width = features.size(1);
+    TORCH_CHECK(ids.dim() == 1 && ids.size(0) == n, "ids must be [", n, "] for ", n, " feature rows, got shape ",
+                ids.sizes());
+    const bool fused = fuse_.n > 0 && width == fuse_.k;
+    TORCH_CHECK(width == h || fused, "features are ", width, " wide: the hidden size is ", h,
+                fuse_.n > 0 ? ", the fused width " + std::to_string(fuse_.k) : std::string(" (no fuse projection set)"));
+    at::Tensor tok = ids.to(at::kLong).contiguous();
+    const int64_t vocab = embed_.size(0);
+    const int64_t* tp = tok.data_ptr<int64_t>();
+    for (int64_t t = 0; t < n; ++t)
+      TORCH_CHECK(tp[t] >= 0 && tp[t] < vocab, "token id ", tp[t], " is outside the embedding's ", vocab, " rows");
+    at::Tensor in = at::empty({n, 2 * h}, at::kFloat);  // [feature ; embedding] per row
+    float* xs = in.data_ptr<float>();
+    at::Tensor f = features.to(at::kFloat).contiguous();
+    if (fused) {
+      f = f.data_ptr() == features.data_ptr() ? f.clone() : f;  // scaled in place: never the caller's tensor
+      float* fp = f.data_ptr<float>();
+      serial([&] {
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t b = 0; b < fuse_taps_; ++b) {
+            float* block = fp + t * width + b * h;
+            const float scale = 1.0f / std::sqrt(sum_squares(block, h) / static_cast<float>(h) + 1e-6f);
+            for (int64_t i = 0; i < h; ++i) block[i] *= scale;
+          }
+      });
+      Operand fin(n, fuse_.k);
+      serial([&] { fin.set(fuse_, fp, n, width); });
+      at::Tensor g = at::empty({n, fuse_.width()}, at::kFloat);
+      fin.multiply(fuse_, n, g.data_ptr<float>());
+      const float* gp = g.data_ptr<float>();
+      for (int64_t t = 0; t < n; ++t) std::memcpy(xs + t * 2 * h, gp + t * fuse_.width(), h * sizeof(float));
+    } else {
+      const float* fp = f.data_ptr<float>();
+      for (int64_t t = 0; t < n; ++t) std::memcpy(xs + t * 2 * h, fp + t * h, h * sizeof(float));
+    }
+    at::Tensor e = embed_.index_select(0, tok).to(at::kFloat).contiguous();
+    const float* ep = e.data_ptr<float>();
+    for (int64_t t = 0; t < n; ++t) std::memcpy(xs + t * 2 * h + h, ep + t * h, h * sizeof(float));
+    return run(project_input(xs, n), start, cos, sin, mask, k_cache, v_cache, logits);
   }
 
  private:
+  // the input projection of rows x [n, input_.k] (float32): the residual stream entering layer 0, [n, H]
+  at::Tensor project_input(const float* x, int64_t n) {
+    Operand xin(n, input_.k);
+    serial([&] { xin.set(input_, x, n, input_.k); });
+    at::Tensor out = at::empty({n, input_.width()}, at::kFloat);
+    xin.multiply(input_, n, out.data_ptr<float>());
+    return input_.width() != hidden_ ? out.narrow(1, 0, hidden_).contiguous() : out;
+  }
+
   // the pass from the residual stream x [n, H] (float32, contiguous, updated in place)
   std::tuple<at::Tensor, at::Tensor, at::Tensor> run(at::Tensor x, int64_t start, const at::Tensor& cos,
                                                      const at::Tensor& sin, const std::optional<at::Tensor>& mask,
@@ -1525,6 +1592,8 @@ class Model {
   std::vector<Layer> layers_;
   Packed head_{at::zeros({0, 0, kLanes}, at::kInt), std::nullopt, 0, 0};
   Packed input_{at::zeros({0, 0, kLanes}, at::kInt), std::nullopt, 0, 0};
+  Packed fuse_{at::zeros({0, 0, kLanes}, at::kInt), std::nullopt, 0, 0};
+  int64_t fuse_taps_ = 0;
   std::vector<int64_t> taps_;
 };
 
@@ -1582,9 +1651,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_head", &Model::set_head)
       .def("set_input", &Model::set_input)
       .def("set_taps", &Model::set_taps)
+      .def("set_fuse", &Model::set_fuse)
       .def_property_readonly("kind", [](const Model& m) { return std::string(m.kind()); })
       .def("forward", &Model::forward, py::call_guard<py::gil_scoped_release>())
-      .def("forward_features", &Model::forward_features, py::call_guard<py::gil_scoped_release>());
+      .def("forward_features", &Model::forward_features, py::call_guard<py::gil_scoped_release>())
+      .def("forward_draft", &Model::forward_draft, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
   m.def("simd", &simd);

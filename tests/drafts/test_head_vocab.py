@@ -115,3 +115,7 @@ def test_drawing_over_the_kept_columns_is_the_full_rows_draw(sampling):
         assert torch.allclose(full_rows(p.unsqueeze(0), keep, vocab)[0], ref_p, atol=1e-7, rtol=1e-5)
     token, p = draw_kept(sub, None, sampling, torch.Generator().manual_seed(0))  # a full head: unchanged
     assert int(token) == int(sample(sampling.probs(sub), torch.Generator().manual_seed(0)))
+    if sampling.temperature == 0:  # greedy: the first of tied maxima, as probs' one-hot (no uniform drawn)
+        tied = torch.tensor([1.0, 5.0, 2.0, 5.0])
+        token, p = draw_kept(tied, torch.tensor([3, 4, 8, 9]), sampling, None)
+        assert int(token) == 4 and torch.equal(p, sampling.probs(tied))

@@ -134,6 +134,51 @@ def test_the_native_model_checks_what_it_is_fed():
     assert torch.equal(a, b)
 
 
+def test_forward_draft_is_the_step_built_from_torch_parts_in_one_call():
+    """forward_draft (the embedding lookup, and for fused target rows their RMS scaling and fuse, inside the call)
+    gives what forward_features gives on the [feature ; embedding] rows built in torch, within the float32
+    rounding of the scales; it refuses what it cannot read, naming it."""
+    from specrepro.drafts.feature import scaled_taps
+
+    target = tiny_llama(0, vocab=50, layers=2)
+    h = target.config.hidden_size
+    draft = bf16_feature(target, {"taps": [0]})
+    step = draft._native_step()
+    net = draft.net
+    g = torch.Generator().manual_seed(0)
+    fused = (torch.randn(3, 2 * h, generator=g) * torch.tensor([40.0] * h + [1.0] * h)).to(torch.bfloat16)
+    own = torch.randn(3, h, generator=g)
+    ids = torch.tensor([4, 49, 0])
+    cos, sin = step.cos[:3], step.sin[:3]
+    fuse = native.pack([net.fuse.weight])
+    for feats in (fused, own):
+        rows = feats.float()
+        if rows.shape[1] == 2 * h:
+            rows = native.linear(scaled_taps(rows, 1), fuse)
+        x = torch.cat([rows, net.emb[ids].float()], -1)
+        kv = [torch.zeros_like(step.k_cache) for _ in range(4)]
+        want = step.model.forward_features(x, 0, cos, sin, None, kv[0], kv[1], True)
+        before = feats.clone()
+        got = step.model.forward_draft(feats, ids, 0, cos, sin, None, kv[2], kv[3], True)
+        assert torch.equal(feats, before)  # the caller's features are never scaled in place
+        assert torch.allclose(got[0], want[0], atol=1e-4, rtol=1e-4), (got[0] - want[0]).abs().max()
+        assert torch.allclose(got[1], want[1], atol=1e-4, rtol=1e-4)
+        assert torch.allclose(kv[2], kv[0], atol=1e-4, rtol=1e-4)
+    kc, vc = step.k_cache, step.v_cache
+    with pytest.raises(RuntimeError, match="wide"):
+        step.model.forward_draft(torch.zeros(3, 3 * h), ids, 0, cos, sin, None, kc, vc, True)
+    with pytest.raises(RuntimeError, match="ids must be"):
+        step.model.forward_draft(own, ids[:2], 0, cos, sin, None, kc, vc, True)
+    with pytest.raises(RuntimeError, match="outside the embedding"):
+        step.model.forward_draft(own, torch.tensor([4, 50, 0]), 0, cos, sin, None, kc, vc, True)
+    with pytest.raises(RuntimeError, match="fuse projection is"):
+        step.model.set_fuse(fuse, 2)
+    bare = native.load().Model(target.model.embed_tokens.weight, torch.ones(h), 1e-5, 2, 1, h // 2)
+    bare.add_layer(*[t for t in step_layer(target)])
+    with pytest.raises(RuntimeError, match="needs an input projection"):
+        bare.forward_draft(own, ids, 0, cos, sin, None, kc, vc, False)
+
+
 def step_layer(target):
     layer = target.model.layers[0]
     a, m = layer.self_attn, layer.mlp
