@@ -44,6 +44,22 @@ def test_the_feature_draft_is_shipped():
     verify(folder)  # the committed weights match their recorded hash
 
 
+def test_the_seqkd_draft_is_shipped_trained_on_target_written_text_only():
+    """Sequence-level distillation: the small draft's shape, continued from it on target-written positions only."""
+    assert "seqkd" in SHIPPED_KINDS, f"no shipped seqkd draft under {shipped_root()}"
+    folder = shipped_root() / "seqkd"
+    for name in ("config.json", "net.safetensors", MARKER, "manifest.json", "train_log.csv", "tau.json"):
+        assert (folder / name).exists(), name
+    verify(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["written_only"] and not cfg["text_data"]
+    small = load_file(str(shipped_root() / "small" / "net.safetensors"))
+    mine = load_file(str(folder / "net.safetensors"))
+    assert {k: v.shape for k, v in mine.items()} == {k: v.shape for k, v in small.items()}
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["text"]["positions"] == 0 and manifest["shards"]["target_written"] > 300_000
+
+
 @pytest.mark.parametrize("kind", SHIPPED_KINDS)
 def test_load_falls_back_to_the_shipped_artifact_and_drafts(kind, real, empty_home):
     model, tokenizer = real
