@@ -151,7 +151,6 @@ class FeatureDraft(HiddenStateDraft):
         super().__init__(net, target)
         self.native = native
         self._native: NativeFeature | None = None
-        self._stepper: NativeFeature | None = None
         self.reset()
 
     @property
@@ -180,8 +179,13 @@ class FeatureDraft(HiddenStateDraft):
         self.tokens = self.tokens[:0]  # a new cache: nothing is cached in it yet
         return NativeFeature(self.net, self.context_window or 8192)
 
+    def _active(self) -> NativeFeature | None:
+        """The native step this draft's cache lives in, or None (the torch step's KVCache)."""
+        return self._native if self.native is not False else None
+
     def _cached(self) -> int:
-        return self._native.length if self._native is not None and self.native is not False else self.cache.length
+        step = self._active()
+        return step.length if step is not None else self.cache.length
 
     def _truncate(self, n: int) -> None:
         if self._native is not None:
@@ -192,16 +196,18 @@ class FeatureDraft(HiddenStateDraft):
         """(f [1, T, H], kept-vocabulary logits [T, kept] float32) of one step, native or torch, cached. pos:
         positions [T], or the first of T consecutive ones as an int. The native step is chosen (and rebuilt if
         the net changed) once per proposal, by _begin."""
-        if self._stepper is not None:
-            return self._stepper.step(h, ids, pos, mask)
+        step = self._active()
+        if step is not None:
+            return step.step(h, ids, pos, mask)
         if isinstance(pos, int):
             pos = torch.arange(pos, pos + ids.shape[-1], device=self.device)
         f = self.net.step(h, ids, pos, self.cache, mask)
         return f, self.net.logits(f[0]).float()
 
     def _begin(self) -> None:
-        """Before a proposal reads the cache: the step it runs (a rebuilt native step starts with an empty cache)."""
-        self._stepper = self._native_step()
+        """Before a proposal reads the cache: choose the step it runs (a rebuilt native step starts with an empty
+        cache)."""
+        self._native_step()
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator=None, target_hidden=None):
