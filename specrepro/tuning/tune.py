@@ -14,7 +14,10 @@ or whose runner falls back to uncaptured replay while it is timed (the runner's 
 in "skipped" with the reason and never ranked.
 A screen times every candidate's passes over 1, 2 and 5 tokens; for the two best, the target's pass over
 n = 1..17 tokens is timed after a cached prefix (specrepro.tuning.costs, the same measurement as the bench
-and the notebooks), and so is one draft step.
+and the notebooks), and so is one draft step. The draft is the same for every candidate (it runs on its own),
+so the draft steps timed beside candidates of one thread count are pooled into one median draft_ms for all of
+them (pool_draft_costs): the settings are then ranked by their target passes, not by which one a noisy draft
+step happened to follow.
 The expected time per token of SpS with lookahead K is (K * draft_ms + target_ms[K + 1]) / E[tokens],
 E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al.), and of ArS target_ms[1]. With a draft, the
 setting and K with the least expected time per token win; without one, the fastest one-token pass.
@@ -37,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -51,7 +55,7 @@ from ..models import specrepro_home
 from ..files import portable_path, write_json
 from ..stats.speedup import acceptance_mle, expected_tokens
 
-TUNE_VERSION = 3  # bump when the measurement or the choice changes: old cache entries are then ignored
+TUNE_VERSION = 4  # bump when the measurement or the choice changes: old cache entries are then ignored
 DEFAULT_LOOKAHEAD = 4
 MAX_TUNE_LOOKAHEAD = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -382,11 +386,35 @@ def measure_candidates(target, draft, candidates: list[Candidate], max_lookahead
             costs[name] = {"candidate": dataclasses.asdict(cand), **entry[name]}
             if name in capture:
                 costs[name]["capture_seconds"] = capture[name]
+        pool_draft_costs(costs)
     finally:
         torch.set_num_threads(before)
     if not costs:
         raise RuntimeError(f"no candidate setting could be measured: {skipped}")
     return {"costs": costs, "screen": screen, "skipped": skipped, "prepare": prepare}
+
+
+def pool_draft_costs(costs: dict) -> dict:
+    """Give every candidate of one thread count the median of all draft steps timed beside any of them.
+
+    The draft runs on its own, so its step costs the same whichever target runner it follows; timed a few times
+    per candidate, one disturbed step would otherwise add K times its excess to one candidate's loop cost and
+    could rank a runner with a several times slower pass first. Each entry keeps its own median as
+    "draft_ms_own" and gets "draft_ms", "c" = draft_ms / target_ms[1] and "draft_pooled_from" (the candidates
+    pooled). Entries without draft samples are left alone. Returns costs (changed in place)."""
+    groups: dict[int, list[str]] = {}
+    for name, entry in costs.items():
+        if entry.get("draft_samples_ms"):
+            groups.setdefault(int(entry["candidate"]["threads"]), []).append(name)
+    for names in groups.values():
+        pooled = statistics.median([ms for n in names for ms in costs[n]["draft_samples_ms"]])
+        for n in names:
+            entry = costs[n]
+            entry["draft_ms_own"] = entry["draft_ms"]
+            entry["draft_ms"] = pooled
+            entry["c"] = pooled / entry["target_ms"][1]
+            entry["draft_pooled_from"] = sorted(names)
+    return costs
 
 
 def _fell_back(runner, who: str = "its runner") -> str:

@@ -363,3 +363,44 @@ def test_int8_settings_compete_only_when_asked_and_leave_the_default_keys_alone(
     assert setting.report["target_weights"] == setting.target.weights == setting.candidate.weights
     plain = small_tune(model, dtypes=["bfloat16"], backends=["native"])
     assert set(plain.report["screen"]) == {"bfloat16/native/1t"} and plain.target.weights == "bfloat16"
+
+
+def test_draft_steps_are_pooled_per_thread_count_across_candidates():
+    costs = {name: {**entry(*cand, t1, 1.0, draft_ms=float(sum(samples) / len(samples))), "draft_samples_ms": samples}
+             for name, cand, t1, samples in [
+                 ("a", ("bfloat16", "native", 2), 5.0, [1.0, 9.0]),
+                 ("b", ("bfloat16", "onednn", 2), 20.0, [1.2, 1.1]),
+                 ("c", ("bfloat16", "native", 1), 8.0, [2.0, 2.2])]}
+    costs["d"] = entry("float32", "eager", 2, 30.0, 1.0)  # no draft timed: left alone
+    tune_mod.pool_draft_costs(costs)
+    assert costs["a"]["draft_ms"] == costs["b"]["draft_ms"] == pytest.approx((1.1 + 1.2) / 2)  # median of 4
+    assert costs["a"]["draft_ms_own"] == 5.0 and costs["a"]["c"] == pytest.approx(1.15 / 5.0)
+    assert costs["a"]["draft_pooled_from"] == ["a", "b"]
+    assert costs["c"]["draft_ms"] == pytest.approx(2.1) and costs["c"]["draft_pooled_from"] == ["c"]
+    assert "draft_ms" not in costs["d"]
+
+
+def test_one_disturbed_draft_step_does_not_rank_a_slower_pass_first(monkeypatch):
+    """One draft step timed beside the faster runner is disturbed (as by another process on the cores): pooled
+    with the steps timed beside the other runner, it no longer decides the ranking. The times are set, not
+    measured, so that only the pooling decides."""
+    real = tune_mod.measure_cost_table
+
+    def disturbed(pairs, *a, **k):
+        out = real(pairs, *a, **k)
+        for name, e in out.items():
+            slow = name == "bfloat16/eager/1t"  # this runner's passes are 3x slower
+            e["target_ms"] = {n: (3 if slow else 1) * (10.0 + n) for n in e["target_ms"]}
+            if "draft_samples_ms" in e:
+                e["draft_samples_ms"] = [2.0, 2.1] if slow else [80.0, 2.0]
+                e["draft_ms"] = sum(e["draft_samples_ms"]) / 2
+        return out
+
+    monkeypatch.setattr(tune_mod, "measure_cost_table", disturbed)
+    cands = [tune_mod.Candidate("float32", "eager", 1), tune_mod.Candidate("bfloat16", "eager", 1)]
+    out = tune_mod.measure_candidates(llama(0), llama(1, layers=1), cands, max_lookahead=2, reps=2, keep=2)
+    fast, slow = out["costs"]["float32/eager/1t"], out["costs"]["bfloat16/eager/1t"]
+    assert fast["draft_ms_own"] == 41.0 and fast["draft_ms"] == slow["draft_ms"] == pytest.approx(2.05)
+    assert tune_mod.choose(out["costs"], True, 0.5)["name"] == "float32/eager/1t"
+    unpooled = {n: {**e, "draft_ms": e["draft_ms_own"]} for n, e in out["costs"].items()}
+    assert tune_mod.choose(unpooled, True, 0.5)["name"] == "bfloat16/eager/1t"  # what one bad step did before
