@@ -59,12 +59,13 @@ def logits_to_probs(
     logits = logits.float()
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    scaled = logits / temperature
-    if torch.isposinf(scaled).any():
-        # huge logits over a small temperature overflow float32 (inf - inf = nan in softmax): shift each row
-        # by its max first, which softmax, top-k and top-p are all invariant to
-        scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
-    logits = scaled
+    if temperature != 1:
+        scaled = logits / temperature
+        if temperature < 1 and torch.isposinf(scaled).any():
+            # huge logits over a small temperature overflow float32 (inf - inf = nan in softmax): shift each row
+            # by its max first, which softmax, top-k and top-p are all invariant to (T >= 1 cannot overflow)
+            scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
+        logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)

@@ -145,6 +145,22 @@ def rejection_step(
     return k, sample(q[k], generator)
 
 
+def greedy_step(draft_tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """rejection_step for a greedy target, from its logits [k + 1, V] and without drawing: q is one-hot at each
+    row's argmax (first index on ties, as logits_to_probs makes it), so a draft token is kept exactly when it
+    is that argmax whatever p was (r * p(x) < 1 = q(x) for every r < 1), and the residual (q - p)+ at the first
+    other token is q itself: the token after the kept ones is that row's argmax. The loop takes it when the
+    sampling is greedy, which spares building and sampling one-hot rows over the vocabulary per token."""
+    best = logits.float().argmax(-1)
+    k = draft_tokens.shape[0]
+    n = k
+    if k:
+        differ = (draft_tokens.to(best.device) != best[:k]).nonzero()
+        if differ.numel():
+            n = int(differ[0])
+    return n, best[n]
+
+
 @dataclass(frozen=True)
 class Rules:
     """The acceptance rules the loops apply: `rejection_step` for a chain, `tree_accept` for a token tree.
@@ -203,10 +219,13 @@ def _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, 
             drafted, k = drafted.to(seq.device), drafted.shape[0]
         else:
             drafted, p = seq.new_empty(0), None
-        q = sampling.probs(runner.forward(torch.cat([seq[-1:], drafted])))
+        logits = runner.forward(torch.cat([seq[-1:], drafted]))
         if hidden is not None:
             hidden.append(runner.hidden)
-        n, next_token = rules.rejection_step(drafted, p, q, generator)
+        if sampling.greedy and rules.rejection_step is rejection_step:
+            n, next_token = greedy_step(drafted, logits)  # the same tokens, without one-hot rows
+        else:
+            n, next_token = rules.rejection_step(drafted, p, sampling.probs(logits), generator)
         keep = seq.shape[0] + n  # the target has now seen seq and the n accepted drafts
         runner.rollback(keep)
         if hidden is not None:

@@ -108,3 +108,23 @@ def test_chisquare_fit_flags_impossible_outcomes_and_pools_small_cells():
     skewed = {(i,): p for i, p in enumerate([0.6, 0.38, 0.01, 0.01])}
     result = chisquare_fit([(0,)] * 60 + [(1,)] * 38 + [(2,), (3,)], skewed)
     assert result.cells == 2 and result.pvalue > 0.9  # the two 1% cells pooled into the 38% cell
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_greedy_step_keeps_and_emits_what_rejection_step_does_on_one_hot_targets(seed):
+    """greedy_step reads the target's logits, rejection_step its one-hot q: the same kept count and next token
+    for any draft rows p (one-hot or not), ties in the logits included."""
+    from specrepro.algorithm.sampling import logits_to_probs
+    from specrepro.algorithm.speculative import greedy_step
+
+    g = torch.Generator().manual_seed(seed)
+    k = seed % 5
+    logits = torch.randint(0, 3, (k + 1, V), generator=g).float()  # few values: ties between maxima
+    best = logits.argmax(-1)
+    drafted = torch.where(torch.rand(k, generator=g) < 0.7, best[:k], torch.randint(0, V, (k,), generator=g))
+    p = torch.rand(k, V, generator=g) if seed % 2 else torch.nn.functional.one_hot(drafted, V).float()
+    p[torch.arange(k), drafted] += 0.1  # each draft token has mass under p, as a drawn one does
+    p = p / p.sum(-1, keepdim=True)
+    n, token = greedy_step(drafted, logits)
+    expected = rejection_step(drafted, p, logits_to_probs(logits, temperature=0), torch.Generator().manual_seed(seed))
+    assert (n, int(token)) == (expected[0], int(expected[1]))

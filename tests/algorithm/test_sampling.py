@@ -96,6 +96,51 @@ def test_sample_matches_the_distribution_and_handles_edges():
     assert counts[0] == 0 and abs(counts[2] / 20000 - 0.75) < 0.02
 
 
+def _long_row_distribution() -> torch.Tensor:
+    """1,000 tokens with mass at both ends, in runs and alone, and a flat stretch."""
+    p = torch.zeros(1000)
+    p[[0, 254, 255, 256, 257, 511, 768, 990, 999]] = torch.tensor([1.0, 2.0, 3.0, 3.0, 2.0, 1.0, 2.0, 1.0, 5.0])
+    p[300:400] = 0.02  # a flat stretch
+    return p / p.sum()
+
+
+def test_sample_on_a_long_row_matches_the_distribution_and_a_wrong_one_is_rejected():
+    """Over 1,000 tokens: frequencies follow p (chi-square over the cells with mass, alpha 0.01 / 2 for the two
+    checks), zero-mass tokens are never drawn; the same check rejects draws from a p with token 255's mass moved
+    to its neighbour 256, what an inverse CDF off by one would draw."""
+    from scipy.stats import chisquare
+
+    p, n, alpha = _long_row_distribution(), 60000, 0.01 / 2
+    cells = p > 0
+    expected = (p[cells].double() / p[cells].double().sum() * n).numpy()
+
+    def counts_of(dist, seed):
+        g = torch.Generator().manual_seed(seed)
+        draws = torch.cat([sample(dist.expand(3000, 1000), g) for _ in range(n // 3000)])
+        return torch.bincount(draws, minlength=1000).double()
+
+    counts = counts_of(p, 11)
+    assert counts[p == 0].sum() == 0
+    assert chisquare(counts[cells].numpy(), expected).pvalue > alpha
+    wrong = p.clone()
+    wrong[256] += wrong[255]
+    wrong[255] = 0
+    assert chisquare(counts_of(wrong, 12)[cells].numpy(), expected).pvalue < alpha
+
+
+def test_sample_at_a_cumulative_edge_takes_the_first_token_above_u(monkeypatch):
+    """u * total exactly at a token's cumulative mass: the first token whose mass ends above it; u rounded onto
+    the total: the last token with mass, even with hundreds of empty tokens after it; u = 0: the first with mass."""
+    p = torch.zeros(700)
+    p[[255, 256]] = 0.5
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full((a[0], a[1]), 0.5, dtype=torch.float64))
+    assert sample(p).tolist() == 256
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(a[0], a[1], dtype=torch.float64))
+    assert sample(p).tolist() == 256
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(a[0], a[1], dtype=torch.float64))
+    assert sample(p).tolist() == 255
+
+
 def test_sample_when_u_times_total_rounds_onto_the_total(monkeypatch):
     """A uniform so close to 1 that u * total is the total: the last token with mass, not one past it."""
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(a[0], a[1], dtype=torch.float64))
@@ -130,7 +175,7 @@ def _top_p_by_full_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 20.0])  # near-uniform rows need the head to grow
-@pytest.mark.parametrize("top_p", [1e-6, 0.5, 0.8, 0.95, 0.999])
+@pytest.mark.parametrize("top_p", [1e-6, 0.5, 0.8, 0.95, 0.999, 1 - 1e-9])
 def test_top_p_from_the_head_equals_a_full_sort(scale, top_p):
     gen = torch.Generator().manual_seed(int(scale * 100) + int(top_p * 1000))
     logits = torch.randn(6, 5000, generator=gen) * scale
