@@ -29,6 +29,18 @@ class SamplingConfig:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
 
+    def draw(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """One token (a 0-d index) from logits [V], distributed as `sample(self.probs(logits), generator)` draws
+        it and with the one uniform it takes: greedy is the argmax (no uniform), a nucleus is drawn within its
+        top-64 head (nucleus_draw) where that head holds it, anything else through probs and sample."""
+        if self.greedy:
+            return logits.float().argmax(-1)
+        if self.top_p is not None and self.top_p < 1 and self.top_k is None and logits.dim() == 1:
+            token = nucleus_draw(logits, self.temperature, self.top_p, generator)
+            if token is not None:
+                return token
+        return sample(self.probs(logits), generator)
+
 
 def validate_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Raise ValueError naming the bad setting."""
@@ -59,19 +71,57 @@ def logits_to_probs(
     logits = logits.float()
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    if temperature != 1:
-        scaled = logits / temperature
-        if temperature < 1 and torch.isposinf(scaled).any():
-            # huge logits over a small temperature overflow float32 (inf - inf = nan in softmax): shift each row
-            # by its max first, which softmax, top-k and top-p are all invariant to (T >= 1 cannot overflow)
-            scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
-        logits = scaled
+    logits = _tempered(logits, temperature)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     if top_p is not None and top_p < 1:
         logits = logits.masked_fill(top_p_drop(logits.softmax(-1), top_p), -math.inf)
     return logits.softmax(-1)
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature (> 0), finite where the logits are."""
+    if temperature == 1:
+        return logits
+    scaled = logits / temperature
+    if temperature < 1 and torch.isposinf(scaled).any():
+        # huge logits over a small temperature overflow float32 (inf - inf = nan in softmax): shift each row
+        # by its max first, which softmax, top-k and top-p are all invariant to (T >= 1 cannot overflow)
+        scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
+    return scaled
+
+
+NUCLEUS_HEAD = 64  # the likeliest tokens nucleus_draw orders, as top_p_drop's first head
+
+
+def nucleus_draw(logits: torch.Tensor, temperature: float, top_p: float,
+                 generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """One token from the nucleus of softmax(logits [V] / temperature), or None where its top-NUCLEUS_HEAD head
+    holds less than top_p (the caller then goes through probs and sample).
+
+    The kept tokens are top_p_drop's (a token stays while the mass before it in descending order is below top_p;
+    the top one always), each drawn in proportion to its probability: what sample() draws from logits_to_probs'
+    renormalised row, by inverting the CDF of the kept tokens alone, in vocabulary order, at the one float64
+    uniform sample() would take, so the same generator state gives the same token (but where u falls within
+    float32 rounding of a boundary). In an autoregressive step this spares the drop mask, the masked copy and second
+    softmax over the vocabulary, and the float64 cumulative sum over it.
+    """
+    probs = _tempered(logits.float(), temperature).softmax(-1)
+    head, order = probs.topk(min(NUCLEUS_HEAD, probs.shape[-1]))  # descending
+    mass = head.cumsum(-1)
+    if float(mass[-1]) < top_p and head.shape[-1] < probs.shape[-1]:
+        return None
+    keep = (mass - head) < top_p
+    keep[0] = True
+    tokens, by_index = order[keep].sort()  # the CDF in vocabulary order, as sample() walks the row
+    cdf = head[keep][by_index].to(torch.float64).cumsum(-1)
+    where = generator.device if generator is not None else cdf.device
+    u = torch.rand(1, 1, generator=generator, device=where, dtype=torch.float64).to(cdf.device) * cdf[-1]
+    j = torch.searchsorted(cdf, u.view(1), right=True)
+    if int(j) >= cdf.shape[-1]:  # u * total rounded up to the total: the last kept token with mass
+        j = cdf.argmax(-1, keepdim=True)
+    return tokens[j].view(())
 
 
 def top_p_drop(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:

@@ -192,3 +192,46 @@ def test_top_p_mask_is_per_row_whatever_the_batch():
     batch = logits_to_probs(logits, temperature=0.8, top_p=0.95)
     for i in range(4):
         assert torch.equal(batch[i], logits_to_probs(logits[i], temperature=0.8, top_p=0.95))
+
+
+DRAW_CONFIGS = [SamplingConfig(1.0, None, 0.8), SamplingConfig(0.7, None, 0.95), SamplingConfig(1.3, None, 0.5),
+                SamplingConfig(1.0), SamplingConfig(0.8, 5, 0.9), SamplingConfig(0.0)]
+
+
+@pytest.mark.parametrize("cfg", DRAW_CONFIGS, ids=str)
+def test_draw_takes_the_token_sample_takes_from_the_same_uniform(cfg):
+    """draw(logits) and sample(probs(logits)) from generators in the same state: the same token on every row,
+    peaked and flat (a flat row's nucleus outgrows the 64-token head and goes through probs), and the two
+    generators end in the same state (one uniform each, none for greedy)."""
+    g = torch.Generator().manual_seed(5)
+    for i in range(300):
+        scale = [0.05, 1.0, 3.0, 8.0][i % 4]
+        logits = torch.randn(3000, generator=g) * scale
+        a, b = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        drawn = cfg.draw(logits, a)
+        expected = logits.argmax() if cfg.greedy else sample(cfg.probs(logits), b)
+        assert drawn.shape == () and int(drawn) == int(expected), (i, scale)
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_nucleus_draw_matches_the_nucleus_and_a_wrong_one_is_rejected():
+    """Frequencies of nucleus_draw on one row follow probs() (chi-square over the kept tokens, alpha 0.01 / 2),
+    nothing outside the nucleus is drawn; the same check rejects draws made at a slightly wrong temperature."""
+    from scipy.stats import chisquare
+
+    from specrepro.algorithm.sampling import nucleus_draw
+
+    logits = torch.randn(500, generator=torch.Generator().manual_seed(1)) * 2.5
+    q = logits_to_probs(logits, top_p=0.8)
+    kept = q > 0
+    n, alpha = 20000, 0.01 / 2
+    g = torch.Generator().manual_seed(2)
+    counts = torch.bincount(torch.stack([nucleus_draw(logits, 1.0, 0.8, g) for _ in range(n)]), minlength=500)
+    assert counts[~kept].sum() == 0 and 1 < int(kept.sum()) < 64
+    expected = (q[kept].double() / q[kept].double().sum() * n).numpy()
+    assert chisquare(counts[kept].double().numpy(), expected).pvalue > alpha
+    # a draw at temperature 1.15 instead of 1 (compared on the same cells, scaled to its draws there)
+    off = SamplingConfig(1.15, None, 0.8)
+    wrong = torch.bincount(torch.stack([off.draw(logits, g) for _ in range(n)]), minlength=500)
+    seen = wrong[kept].double()
+    assert chisquare(seen.numpy(), expected * float(seen.sum()) / n).pvalue < alpha
