@@ -783,19 +783,33 @@ inline int blocks_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 #endif
 #endif
 
-template <int NB, int... MB>
-constexpr std::array<TileFn, sizeof...(MB)> tiles(std::integer_sequence<int, MB...>) {
-  return {&tile<MB + 1, NB>...};
+// The tile functions of one kernel family by row count (1..Family::kRows) and blocks per tile (1, 2 or 4):
+// Family names its function type Fn, kRows and at<rows, blocks>(), the instantiated tile.
+template <typename Family, int NB, int... MB>
+constexpr std::array<typename Family::Fn, sizeof...(MB)> tile_row(std::integer_sequence<int, MB...>) {
+  return {Family::template at<MB + 1, NB>()...};
 }
 
-const auto kTiles1 = tiles<1>(std::make_integer_sequence<int, kMaxRows>{});
-const auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMaxRows>{});
-const auto kTiles4 = tiles<4>(std::make_integer_sequence<int, kMaxRows>{});
+template <typename Family>
+struct TileTable {
+  using Rows = std::make_integer_sequence<int, Family::kRows>;
+  static constexpr auto one = tile_row<Family, 1>(Rows{});
+  static constexpr auto two = tile_row<Family, 2>(Rows{});
+  static constexpr auto four = tile_row<Family, 4>(Rows{});
+  static typename Family::Fn pick(int rows, int nb) {
+    if (nb == 4) return four[rows - 1];
+    return nb == 2 ? two[rows - 1] : one[rows - 1];
+  }
+};
 
-TileFn pick(int rows, int nb) {
-  if (nb == 4) return kTiles4[rows - 1];
-  return nb == 2 ? kTiles2[rows - 1] : kTiles1[rows - 1];
-}
+struct BF16Tiles {
+  using Fn = TileFn;
+  static constexpr int kRows = kMaxRows;
+  template <int M, int NB>
+  static constexpr Fn at() { return &tile<M, NB>; }
+};
+
+TileFn pick(int rows, int nb) { return TileTable<BF16Tiles>::pick(rows, nb); }
 
 // The float32 inputs of the kernels without bfloat16 products: one buffer per calling thread, reused by every
 // call, with kPadRows zero rows after the last row. The padding is there because GCC 12 vectorizes the portable
@@ -1094,18 +1108,14 @@ constexpr int kMaxRows8 = I8_ROWS;
 #define I8_SLAB 8
 #endif
 
-template <int NB, int... MB>
-constexpr std::array<Tile8Fn, sizeof...(MB)> tiles8(std::integer_sequence<int, MB...>) {
-  return {&tile8<MB + 1, NB>...};
-}
-const auto kTiles8x1 = tiles8<1>(std::make_integer_sequence<int, kMaxRows8>{});
-const auto kTiles8x2 = tiles8<2>(std::make_integer_sequence<int, kMaxRows8>{});
-const auto kTiles8x4 = tiles8<4>(std::make_integer_sequence<int, kMaxRows8>{});
+struct Int8Tiles {
+  using Fn = Tile8Fn;
+  static constexpr int kRows = kMaxRows8;
+  template <int M, int NB>
+  static constexpr Fn at() { return &tile8<M, NB>; }
+};
 
-Tile8Fn pick8(int rows, int nb) {
-  if (nb == 4) return kTiles8x4[rows - 1];
-  return nb == 2 ? kTiles8x2[rows - 1] : kTiles8x1[rows - 1];
-}
+Tile8Fn pick8(int rows, int nb) { return TileTable<Int8Tiles>::pick(rows, nb); }
 
 // Y [rows, p.width()] = X W^T (+ bias) for int8 weights, X quantised (quantise_rows: q [rows, ldq bytes], d
 // [rows, p.nkb]). The threads split the outputs as gemv's do.
