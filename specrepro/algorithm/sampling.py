@@ -108,12 +108,9 @@ def nucleus_draw(logits: torch.Tensor, temperature: float, top_p: float,
     softmax over the vocabulary, and the float64 cumulative sum over it.
     """
     probs = _tempered(logits.float(), temperature).softmax(-1)
-    head, order = probs.topk(min(NUCLEUS_HEAD, probs.shape[-1]))  # descending
-    mass = head.cumsum(-1)
-    if float(mass[-1]) < top_p and head.shape[-1] < probs.shape[-1]:
+    head, order, keep, reached = _nucleus_head(probs, top_p, NUCLEUS_HEAD)
+    if not (bool(reached) or head.shape[-1] == probs.shape[-1]):
         return None
-    keep = (mass - head) < top_p
-    keep[0] = True
     tokens, by_index = order[keep].sort()  # the CDF in vocabulary order, as sample() walks the row
     cdf = head[keep][by_index].to(torch.float64).cumsum(-1)
     where = generator.device if generator is not None else cdf.device
@@ -122,6 +119,17 @@ def nucleus_draw(logits: torch.Tensor, temperature: float, top_p: float,
     if int(j) >= cdf.shape[-1]:  # u * total rounded up to the total: the last kept token with mass
         j = cdf.argmax(-1, keepdim=True)
     return tokens[j].view(())
+
+
+def _nucleus_head(probs: torch.Tensor, top_p: float, first: int):
+    """The likeliest `first` tokens of each row of probs [..., V] in descending order and which of them the
+    nucleus keeps: (head, order, keep, reached). A token stays while the mass before it is below top_p, the top
+    one always; `reached`: whether the head's mass reaches top_p (else tokens beyond it may belong too)."""
+    head, order = probs.topk(min(first, probs.shape[-1]), dim=-1)  # descending
+    mass = head.cumsum(-1)
+    keep = (mass - head) < top_p
+    keep[..., 0] = True
+    return head, order, keep, mass[..., -1] >= top_p
 
 
 def top_p_drop(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
@@ -137,12 +145,9 @@ def top_p_drop(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tens
     shape, vocab = probs.shape, probs.shape[-1]
     probs = probs.reshape(-1, vocab)
     k = min(first, vocab)
-    head, order = probs.topk(k, dim=-1)  # descending
-    mass = head.cumsum(-1)
-    drop_head = (mass - head) >= top_p
-    drop_head[:, 0] = False
-    drop = torch.ones_like(probs, dtype=torch.bool).scatter(-1, order, drop_head)
-    short = mass[:, -1] < top_p  # rows whose head has not reached top_p: a longer head, for them alone
+    _, order, keep, reached = _nucleus_head(probs, top_p, k)
+    drop = torch.ones_like(probs, dtype=torch.bool).scatter(-1, order, ~keep)
+    short = ~reached  # rows whose head has not reached top_p: a longer head, for them alone
     if k < vocab and bool(short.any()):
         drop[short] = top_p_drop(probs[short], top_p, 4 * k)
     return drop.reshape(shape)

@@ -222,11 +222,10 @@ def _loop(runner, proposer, prompt, max_new_tokens, lookahead, sampling, stops, 
         logits = runner.forward(torch.cat([seq[-1:], drafted]))
         if hidden is not None:
             hidden.append(runner.hidden)
-        if rules.rejection_step is not rejection_step:
-            n, next_token = rules.rejection_step(drafted, p, sampling.probs(logits), generator)
-        elif sampling.greedy:
+        exact = rules.rejection_step is rejection_step  # the experiments' wrong rules get q as before
+        if exact and sampling.greedy:
             n, next_token = greedy_step(drafted, logits)  # the same tokens, without one-hot rows
-        elif k == 0:  # nothing drafted: a plain draw from the target, as rejection_step's sample(q[0]) makes it
+        elif exact and k == 0:  # nothing drafted: a plain draw from the target, as rejection_step's sample(q[0])
             n, next_token = 0, sampling.draw(logits[0], generator)
         else:
             n, next_token = rules.rejection_step(drafted, p, sampling.probs(logits), generator)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from ..engines import native
 from ..engines.lean import LeanRunner, set_threads
 from ..experiments.results import RunRecord
 from ..files import write_json
+from ..tuning.costs import measure_costs
 
 
 def regions_per_pass(layers: int) -> int:
@@ -56,15 +56,8 @@ def main(argv=None) -> dict:
         model, _ = load_model(args.target)
         layers = model.config.num_hidden_layers
         runner = LeanRunner(model, dtype=torch.bfloat16, backend="native")
-        ids = torch.randint(0, runner.vocab_size, (301,), generator=torch.Generator().manual_seed(0))
-        runner.forward(ids[:300])
-        times = []
-        for _ in range(40):
-            runner.rollback(300)
-            t = time.perf_counter()
-            runner.forward(ids[300:])
-            times.append(time.perf_counter() - t)
-        pass_ms = 1e3 * statistics.median(times)
+        prefix = torch.randint(0, runner.vocab_size, (300,), generator=torch.Generator().manual_seed(0))
+        pass_ms = measure_costs(runner, None, prefix, [1], reps=40)["target_ms"][1]  # after 300 cached tokens
         n = regions_per_pass(layers)
         out |= {"target": args.target, "layers": layers, "regions_per_pass": n, "one_token_pass_ms": pass_ms,
                 "regions_share_of_pass": n * region / 1e3 / pass_ms,
