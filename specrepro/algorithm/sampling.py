@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engines import native
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -31,10 +33,16 @@ class SamplingConfig:
 
     def draw(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """One token (a 0-d index) from logits [V], distributed as `sample(self.probs(logits), generator)` draws
-        it and with the one uniform it takes: greedy is the argmax (no uniform), a nucleus is drawn within its
-        top-64 head (nucleus_draw) where that head holds it, anything else through probs and sample."""
+        it and with the one uniform it takes: greedy is the argmax (no uniform); without top-k, CPU logits go
+        through the native module's one-call draw where this process has loaded it (native_draw), else a
+        nucleus is drawn within its top-64 head (nucleus_draw) where that head holds it; anything else through
+        probs and sample."""
         if self.greedy:
             return logits.float().argmax(-1)
+        if self.top_k is None and logits.dim() == 1:
+            token = native_draw(logits, self.temperature, 1.0 if self.top_p is None else self.top_p, generator)
+            if token is not None:
+                return token
         if self.top_p is not None and self.top_p < 1 and self.top_k is None and logits.dim() == 1:
             token = nucleus_draw(logits, self.temperature, self.top_p, generator)
             if token is not None:
@@ -119,6 +127,20 @@ def nucleus_draw(logits: torch.Tensor, temperature: float, top_p: float,
     if int(j) >= cdf.shape[-1]:  # u * total rounded up to the total: the last kept token with mass
         j = cdf.argmax(-1, keepdim=True)
     return tokens[j].view(())
+
+
+def native_draw(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """One token from the nucleus of softmax(logits [V] / temperature) (top_p 1: the whole row) by the native
+    module's nucleus_sample, at the one float64 uniform sample() would take; None (nothing drawn) where the
+    module is not loaded in this process or the logits or generator are not on the CPU. One C++ call instead
+    of ~20 torch calls over the vocabulary: the work a target step spends outside its pass at T > 0."""
+    module = native.loaded()
+    if module is None or logits.device.type != "cpu" or (generator is not None and generator.device.type != "cpu"):
+        return None
+    u = torch.rand(1, 1, generator=generator, dtype=torch.float64)
+    return torch.tensor(module.nucleus_sample(logits.float().contiguous(), float(temperature), float(top_p),
+                                              float(u)))
 
 
 def _nucleus_head(probs: torch.Tensor, top_p: float, first: int):

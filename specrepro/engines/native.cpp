@@ -1632,6 +1632,128 @@ at::Tensor exp_values(const at::Tensor& x) {
   return out;
 }
 
+// The tempered logit (x - a) / t - b: torch's x / t - max(x / t) with (a, b) = (0, max(x) / t), the row shifted
+// first, (a, b) = (max(x), 0), where max(x) / t overflows (sampling._tempered); t = 1 divides exactly.
+struct Tempered {
+  float a, t, b;
+  vf operator()(vf x) const { return vsub(vdiv(vsub(x, vset(a)), vset(t)), vset(b)); }
+  float operator()(float x) const { return (x - a) / t - b; }
+};
+
+// sum over i < len of exp(arg(x[i])), added in lanes fixed by i
+inline float exp_sum(const float* x, int64_t len, const Tempered& arg) {
+  vf sum = vzero();
+  int64_t i = 0;
+  for (; i + kW <= len; i += kW) sum = vadd(sum, vexp(arg(vload(x + i))));
+  if (i < len) sum = vadd(sum, vexp(arg(vload_part(x + i, len - i, -INFINITY))));
+  return vhsum(sum);
+}
+
+// The `h` largest logits as (value, index), largest first, ties by the lower index (h <= len).
+std::vector<std::pair<float, int64_t>> largest(const float* x, int64_t len, int64_t h) {
+  // a min-heap of the best so far under "a worse than b": a smaller value, or the same value at a later index
+  auto worse = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<std::pair<float, int64_t>> heap;
+  heap.reserve(h);
+  for (int64_t i = 0; i < h; ++i) heap.emplace_back(x[i], i);
+  std::make_heap(heap.begin(), heap.end(), worse);
+  float floor_value = heap.front().first;
+  for (int64_t i = h; i < len; ++i) {
+    if (!(x[i] > floor_value)) continue;  // a later index never beats an equal value; NaN never enters
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    heap.back() = {x[i], i};
+    std::push_heap(heap.begin(), heap.end(), worse);
+    floor_value = heap.front().first;
+  }
+  std::sort_heap(heap.begin(), heap.end(), worse);  // ascending under `worse`: the best first
+  return heap;
+}
+
+// exp(x) for one value, by vexp (the lanes' rounding)
+inline float exp_one(float x) {
+  float t[kW];
+  vstore(t, vexp(vset(x)));
+  return t[0];
+}
+
+// One token drawn from the nucleus of softmax(logits / temperature) at the uniform u in [0, 1), in one call: what
+// sampling.sample draws from sampling.logits_to_probs(logits, temperature, None, top_p) with the same u. As there,
+// a token is kept while the mass before it (in descending order, float32 sums of float64 running totals) is below
+// top_p, the top one always (the head examined grows from 64 tokens until its mass reaches top_p; top_p = 1 keeps
+// the whole row), and the draw is the first kept token, in vocabulary order, whose float64 cumulative mass exceeds
+// u times the kept total. The probabilities are computed here (vexp, not torch's exp), so a u within float32
+// rounding of a CDF boundary may pick the neighbouring token.
+int64_t nucleus_sample(const at::Tensor& logits, double temperature, double top_p, double u) {
+  TORCH_CHECK(logits.dim() == 1 && logits.numel() >= 1, "logits must be one non-empty row, got shape ",
+              logits.sizes());
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "logits must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(std::isfinite(temperature) && temperature > 0, "temperature must be finite and > 0, got ", temperature);
+  TORCH_CHECK(top_p > 0 && top_p <= 1, "top_p must be in (0, 1], got ", top_p);
+  TORCH_CHECK(u >= 0 && u < 1, "u must be in [0, 1), got ", u);
+  const float* x = logits.data_ptr<float>();
+  const int64_t len = logits.numel();
+  const float t = static_cast<float>(temperature), p_top = static_cast<float>(top_p);
+  float top = -INFINITY;
+  bool nan = false;
+  for (int64_t i = 0; i < len; ++i) {
+    top = x[i] > top ? x[i] : top;
+    nan |= x[i] != x[i];
+  }
+  TORCH_CHECK(!nan, "logits hold NaN");
+  TORCH_CHECK(std::isfinite(top), "logits must have a finite maximum, got ", top);
+  const Tempered arg = std::isfinite(top / t) ? Tempered{0.f, t, top / t} : Tempered{top, t, 0.f};
+  const float sum = exp_sum(x, len, arg);
+  const float inv = 1.f / sum;  // probabilities are exp(...) * (1 / sum), as torch's softmax scales them
+  if (p_top >= 1.f) {  // the whole row, in vocabulary order: its total first, then the walk
+    thread_local std::vector<float> probs;
+    probs.resize(len);
+    double total = 0;
+    for (int64_t i = 0; i < len; i += kW) {
+      const int64_t n = std::min<int64_t>(kW, len - i);
+      const vf e = vmul(vexp(arg(vload_part(x + i, n, -INFINITY))), vset(inv));
+      vstore_part(probs.data() + i, e, n);
+      for (int64_t j = 0; j < n; ++j) total += probs[i + j];
+    }
+    const double target = u * total;
+    double cdf = 0;
+    int64_t last_with_mass = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      cdf += probs[i];
+      if (cdf > target) return i;
+      if (probs[i] > 0) last_with_mass = i;
+    }
+    return last_with_mass;  // u * total rounded up to the total
+  }
+  std::vector<std::pair<float, int64_t>> kept;  // (probability, token)
+  for (int64_t h = std::min<int64_t>(64, len);; h = std::min(4 * h, len)) {
+    kept.clear();
+    double running = 0;
+    float mass = 0.f;
+    for (const auto& [value, token] : largest(x, len, h)) {
+      const float p = exp_one(arg(value)) * inv;
+      running += p;
+      mass = static_cast<float>(running);
+      if (kept.empty() || mass - p < p_top) kept.emplace_back(p, token);
+    }
+    if (mass >= p_top || h == len) break;  // else tokens beyond the head may belong too
+  }
+  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  double total = 0;
+  for (const auto& k : kept) total += k.first;
+  const double target = u * total;
+  double cdf = 0;
+  int64_t last_with_mass = kept.front().second;
+  for (const auto& [p, token] : kept) {
+    cdf += p;
+    if (cdf > target) return token;
+    if (p > 0) last_with_mass = token;
+  }
+  return last_with_mass;
+}
+
 // What the pass's structure costs on its own, in microseconds: (an empty parallel region as each product and
 // attention opens one, at::parallel_for over 64 items at this thread count; an OpenMP barrier between threads
 // that stay in one region, what a pass with one region per layer would pay between its phases instead), means
@@ -1702,5 +1824,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("simd", &simd);
   m.def("fork_join_cost", &fork_join_cost, py::call_guard<py::gil_scoped_release>());
   m.def("exp", &exp_values);
+  m.def("nucleus_sample", &nucleus_sample);
   m.def("compiled_for", [] { return std::string(cpu_check::compiled_for); });
 }

@@ -113,6 +113,11 @@ def load():
         return _state["module"]
 
 
+def loaded():
+    """The compiled extension where this process has loaded it already, else None (this never builds it)."""
+    return _state.get("module")
+
+
 def _build():
     from torch.utils import cpp_extension
 

@@ -198,8 +198,17 @@ DRAW_CONFIGS = [SamplingConfig(1.0, None, 0.8), SamplingConfig(0.7, None, 0.95),
                 SamplingConfig(1.0), SamplingConfig(0.8, 5, 0.9), SamplingConfig(0.0)]
 
 
+@pytest.fixture
+def torch_draw(monkeypatch):
+    """draw's torch path, whether or not an earlier test in this process loaded the native module (whose one-call
+    draw, tests/engines/test_native_sampling.py, agrees but for float32 rounding at a boundary)."""
+    from specrepro.engines import native
+
+    monkeypatch.setattr(native, "loaded", lambda: None)
+
+
 @pytest.mark.parametrize("cfg", DRAW_CONFIGS, ids=str)
-def test_draw_takes_the_token_sample_takes_from_the_same_uniform(cfg):
+def test_draw_takes_the_token_sample_takes_from_the_same_uniform(cfg, torch_draw):
     """draw(logits) and sample(probs(logits)) from generators in the same state: the same token on every row,
     peaked and flat (a flat row's nucleus outgrows the 64-token head and goes through probs), and the two
     generators end in the same state (one uniform each, none for greedy)."""
@@ -214,7 +223,7 @@ def test_draw_takes_the_token_sample_takes_from_the_same_uniform(cfg):
         assert torch.equal(a.get_state(), b.get_state())
 
 
-def test_nucleus_draw_matches_the_nucleus_and_a_wrong_one_is_rejected():
+def test_nucleus_draw_matches_the_nucleus_and_a_wrong_one_is_rejected(torch_draw):
     """Frequencies of nucleus_draw on one row follow probs() (chi-square over the kept tokens, alpha 0.01 / 2),
     nothing outside the nucleus is drawn; the same check rejects draws made at a slightly wrong temperature."""
     from scipy.stats import chisquare

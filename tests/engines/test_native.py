@@ -194,8 +194,8 @@ NATIVE_HERE = native.unavailable_reason(torch.bfloat16, "cpu") is None
                                                    ("-mno-avx512f -mno-avx2 -mno-fma", "portable", None)])
 def test_the_other_kernel_families_pass_the_same_tests(tmp_path, flags, family, cpu_flag):
     """What a CPU without AVX512 (AVX2 + FMA), or without AVX2 too, runs: the module built with those flags (a
-    separate build, ~30 s), and this file's, the batch-invariance file's and the int8 file's exactness tests run
-    against it in a fresh process (int8: the AVX2 or portable integer products)."""
+    separate build, ~30 s), and this file's, the batch-invariance file's, the int8 file's and the one-call draw's
+    exactness tests run against it in a fresh process (int8: the AVX2 or portable integer products)."""
     import os
     import subprocess
 
@@ -215,7 +215,7 @@ def test_the_other_kernel_families_pass_the_same_tests(tmp_path, flags, family, 
     env["SPECREPRO_NATIVE_GUARD_PAGE"] = "1"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                           str(here / "test_native.py"), str(here / "test_native_invariance.py"),
-                          str(here / "test_native_int8.py"), "-k",
+                          str(here / "test_native_int8.py"), str(here / "test_native_sampling.py"), "-k",
                           "(kernel or float32_runner or bit_for_bit or tree or greedy or same or equal) and not other_kernel"],
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, (run.returncode, run.stdout[-3000:])
