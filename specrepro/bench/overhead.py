@@ -1,6 +1,7 @@
 """The work per token outside the target's pass: ArS with the native bfloat16 runner, each forward timed inside
 the same generations, so that (loop time - forward time) / forward time is the share of sampling and
-bookkeeping, greedy and with the paper's news nucleus sampling (T = 1, top-p 0.8).
+bookkeeping, greedy and with the paper's news nucleus sampling (T = 1, top-p 0.8), the nucleus drawn both by the
+native module's one-call draw and by torch ops (nucleus-torch-draw), interleaved.
 
     python -m specrepro.bench.overhead [--prompts 6] [--tokens 64] [--reps 2] [--threads 2]
         [--out figures/bench/ars-overhead.json]
@@ -11,9 +12,11 @@ generation; the summary gives the median share per mode over them. Time it with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -25,7 +28,19 @@ from ..files import write_json
 from ..generate import autoregressive_generate
 from ..models import load_model
 
-MODES = {"greedy": dict(temperature=0.0), "nucleus": dict(temperature=1.0, top_p=0.8)}
+MODES = {"greedy": dict(temperature=0.0), "nucleus": dict(temperature=1.0, top_p=0.8),
+         "nucleus-torch-draw": dict(temperature=1.0, top_p=0.8)}
+TORCH_DRAW = {"nucleus-torch-draw"}  # the same sampling drawn by torch ops, as without the native one-call draw
+
+
+@contextlib.contextmanager
+def draw_path(mode: str):
+    """For a TORCH_DRAW mode, SamplingConfig.draw's torch path: sampling.native_draw sees no loaded module."""
+    if mode not in TORCH_DRAW:
+        yield
+        return
+    with mock.patch.object(native, "loaded", lambda: None):
+        yield
 
 
 class TimedForwards:
@@ -83,9 +98,10 @@ def main(argv=None) -> dict:
     rows = []
     for rep in range(args.reps):
         for i, (task, ids) in enumerate(prompts):
-            for mode, sampling in MODES.items():  # interleaved: each prompt in both modes before the next
-                rows.append({"task": task, "prompt": i, "rep": rep, "mode": mode,
-                             **overhead(runner, ids, args.tokens, sampling, seed=1000 * rep + i)})
+            for mode, sampling in MODES.items():  # interleaved: each prompt in every mode before the next
+                with draw_path(mode):
+                    rows.append({"task": task, "prompt": i, "rep": rep, "mode": mode,
+                                 **overhead(runner, ids, args.tokens, sampling, seed=1000 * rep + i)})
     summary = {}
     for mode in MODES:
         shares = [r["outside_share"] for r in rows if r["mode"] == mode]
@@ -93,12 +109,13 @@ def main(argv=None) -> dict:
                          "median_forward_ms": statistics.median(r["forward_ms_per_token"] for r in rows if r["mode"] == mode),
                          "median_loop_ms": statistics.median(r["loop_ms_per_token"] for r in rows if r["mode"] == mode),
                          "n": len(shares)}
-        print(f"{mode:8s}: the work outside the pass is {100 * summary[mode]['median_outside_share']:.1f}% of it "
+        print(f"{mode:18s}: the work outside the pass is {100 * summary[mode]['median_outside_share']:.1f}% of it "
               f"(median of {len(shares)}; forward {summary[mode]['median_forward_ms']:.2f} ms, loop "
               f"{summary[mode]['median_loop_ms']:.2f} ms per token)", flush=True)
     meta = record.meta(threads=threads, native=native.describe(),
                        what="ArS decode loops with the native bfloat16 runner; outside_share = (loop time - "
-                            "one-token forward time) / forward time, per generation")
+                            "one-token forward time) / forward time, per generation; nucleus-torch-draw: the "
+                            "nucleus drawn by torch ops instead of native.cpp's nucleus_sample")
     data = {"meta": meta, "summary": summary, "rows": rows}
     write_json(Path(args.out), data)
     return data

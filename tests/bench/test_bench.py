@@ -206,6 +206,32 @@ def test_the_overhead_tool_times_the_forwards_inside_the_same_loops():
         overhead(torch.nn.Linear(2, 2), torch.tensor([1, 2]), 4, MODES["greedy"], seed=0)
 
 
+def test_the_overhead_tool_draws_its_torch_mode_without_the_native_draw(monkeypatch):
+    """nucleus-torch-draw is the nucleus mode with SamplingConfig.draw on its torch path: inside draw_path the
+    native module reads as not loaded (no kernel call), outside it as it was (the kernel is called)."""
+    from specrepro.algorithm.sampling import SamplingConfig
+    from specrepro.bench.overhead import MODES, draw_path
+    from specrepro.engines import native
+
+    calls = []
+
+    class Spy:
+        def nucleus_sample(self, logits, temperature, top_p, u):
+            calls.append(top_p)
+            return 0
+
+    monkeypatch.setattr(native, "loaded", lambda: Spy())
+    assert MODES["nucleus-torch-draw"] == MODES["nucleus"]
+    cfg, logits = SamplingConfig(**MODES["nucleus"]), torch.randn(50)
+    with draw_path("nucleus-torch-draw"):
+        assert native.loaded() is None
+        cfg.draw(logits, torch.Generator().manual_seed(0))
+    assert calls == []
+    with draw_path("nucleus"):
+        assert int(cfg.draw(logits, torch.Generator().manual_seed(0))) == 0
+    assert calls == [0.8] and isinstance(native.loaded(), Spy)
+
+
 def test_native_int8_is_its_own_runner_in_the_bench():
     """native@int8 names the int8-weight target (LeanRunner weights="int8"), never the bfloat16 one."""
     import shutil
