@@ -1678,6 +1678,23 @@ inline float exp_one(float x) {
   return t[0];
 }
 
+// Of n tokens (token(i), in CDF order, with probability prob(i)): the first whose float64 cumulative mass exceeds
+// u times their total; where u * total rounds up to the total, the last one with mass.
+template <class Prob, class Token>
+int64_t invert_cdf(int64_t n, double u, Prob prob, Token token) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += prob(i);
+  const double target = u * total;
+  double cdf = 0;
+  int64_t last_with_mass = token(0);
+  for (int64_t i = 0; i < n; ++i) {
+    cdf += prob(i);
+    if (cdf > target) return token(i);
+    if (prob(i) > 0) last_with_mass = token(i);
+  }
+  return last_with_mass;
+}
+
 // One token drawn from the nucleus of softmax(logits / temperature) at the uniform u in [0, 1), in one call: what
 // sampling.sample draws from sampling.logits_to_probs(logits, temperature, None, top_p) with the same u. As there,
 // a token is kept while the mass before it (in descending order, float32 sums of float64 running totals) is below
@@ -1707,25 +1724,14 @@ int64_t nucleus_sample(const at::Tensor& logits, double temperature, double top_
   const Tempered arg = std::isfinite(top / t) ? Tempered{0.f, t, top / t} : Tempered{top, t, 0.f};
   const float sum = exp_sum(x, len, arg);
   const float inv = 1.f / sum;  // probabilities are exp(...) * (1 / sum), as torch's softmax scales them
-  if (p_top >= 1.f) {  // the whole row, in vocabulary order: its total first, then the walk
+  if (p_top >= 1.f) {  // the whole row, in vocabulary order
     thread_local std::vector<float> probs;
     probs.resize(len);
-    double total = 0;
     for (int64_t i = 0; i < len; i += kW) {
       const int64_t n = std::min<int64_t>(kW, len - i);
-      const vf e = vmul(vexp(arg(vload_part(x + i, n, -INFINITY))), vset(inv));
-      vstore_part(probs.data() + i, e, n);
-      for (int64_t j = 0; j < n; ++j) total += probs[i + j];
+      vstore_part(probs.data() + i, vmul(vexp(arg(vload_part(x + i, n, -INFINITY))), vset(inv)), n);
     }
-    const double target = u * total;
-    double cdf = 0;
-    int64_t last_with_mass = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      cdf += probs[i];
-      if (cdf > target) return i;
-      if (probs[i] > 0) last_with_mass = i;
-    }
-    return last_with_mass;  // u * total rounded up to the total
+    return invert_cdf(len, u, [&](int64_t i) { return probs[i]; }, [](int64_t i) { return i; });
   }
   std::vector<std::pair<float, int64_t>> kept;  // (probability, token)
   for (int64_t h = std::min<int64_t>(64, len);; h = std::min(4 * h, len)) {
@@ -1741,17 +1747,8 @@ int64_t nucleus_sample(const at::Tensor& logits, double temperature, double top_
     if (mass >= p_top || h == len) break;  // else tokens beyond the head may belong too
   }
   std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-  double total = 0;
-  for (const auto& k : kept) total += k.first;
-  const double target = u * total;
-  double cdf = 0;
-  int64_t last_with_mass = kept.front().second;
-  for (const auto& [p, token] : kept) {
-    cdf += p;
-    if (cdf > target) return token;
-    if (p > 0) last_with_mass = token;
-  }
-  return last_with_mass;
+  return invert_cdf(static_cast<int64_t>(kept.size()), u, [&](int64_t i) { return kept[i].first; },
+                    [&](int64_t i) { return kept[i].second; });
 }
 
 // What the pass's structure costs on its own, in microseconds: (an empty parallel region as each product and
