@@ -41,10 +41,8 @@ class SamplingConfig:
             return logits.float().argmax(-1)
         if self.top_k is None and logits.dim() == 1:
             token = native_draw(logits, self.temperature, 1.0 if self.top_p is None else self.top_p, generator)
-            if token is not None:
-                return token
-        if self.top_p is not None and self.top_p < 1 and self.top_k is None and logits.dim() == 1:
-            token = nucleus_draw(logits, self.temperature, self.top_p, generator)
+            if token is None and self.top_p is not None and self.top_p < 1:
+                token = nucleus_draw(logits, self.temperature, self.top_p, generator)
             if token is not None:
                 return token
         return sample(self.probs(logits), generator)
