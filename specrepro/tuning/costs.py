@@ -38,9 +38,10 @@ def measure_cost_table(pairs: dict, prefix: torch.Tensor, ks, reps: int = 5, see
     costs: {"target_ms": {n: median ms of a pass over n tokens}, "v": {K: target_ms[K+1] / target_ms[1]},
     and with a draft "draft_ms" and "c" = draft_ms / target_ms[1]}: a proposal of one token, right after a
     target pass as in a loop ("draft_samples_ms": each timed step, in order). extra_sizes: more pass sizes to
-    time (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1. proposal_sizes: also time proposals of these many tokens, each right after a target pass
-    ("proposal_ms": {K: median ms}, "c_per_token": {K: proposal_ms[K] / K / target_ms[1]}): a draft's later
-    steps in one proposal find its weights in cache, its first one after the target's pass does not.
+    time (e.g. a token tree's node count + 1), beyond 1..max(ks) + 1. proposal_sizes: also time proposals of
+    these many tokens, each right after a target pass ("proposal_ms": {K: median ms}, "c_per_token":
+    {K: proposal_ms[K] / K / target_ms[1]}): a draft's later steps in one proposal find its weights in cache,
+    its first one after the target's pass does not.
     """
     ks = [int(k) for k in ks if int(k) > 0] or [1]
     sizes = sorted(set(range(1, max(ks) + 2)) | {int(n) for n in extra_sizes if int(n) >= 1})
