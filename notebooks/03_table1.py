@@ -37,7 +37,10 @@ seed = 0  # base seed
 threads = 1  # torch threads
 target = "smollm2-135m-instruct"  # offline default, an HF id or a local dir
 draft = "truncated:4"  # "truncated:N" (stand-in), "model:<id or dir>", or a specrepro.drafts kind
-drafts = None  # a list of such drafts, each with its own SpS row beside the one ArS baseline (None: [draft])
+drafts = None  # a list of such drafts, each with its own SpS row beside the one ArS baseline (None: [draft]);
+# "SPEC@K" runs that draft with chains of K tokens instead of `lookahead`, "SPEC@tune" at the K chosen per
+# setting on this machine (specrepro.tuning.lookahead: its measured proposals and passes, and its acceptance
+# by position on built-in prompts, never evaluation items)
 draft_items = {}  # {draft: n}: that draft's SpS runs on the first n items of each row only (a slow draft)
 dtype = "auto"  # auto (sr.tune measures float32 and bfloat16 here and keeps the faster) | float32 | bfloat16
 device = "cpu"
@@ -70,7 +73,7 @@ import specrepro as sr
 from specrepro.experiments import plots
 from specrepro.experiments.records import profile_note, repo_root, results_folder, run_header, write_outputs
 from specrepro.experiments.results import markdown_table
-from specrepro.experiments.table1 import PAPER_TABLE1_SOURCE, run_table1
+from specrepro.experiments.table1 import PAPER_TABLE1_SOURCE, row_lookaheads, row_spec, run_table1
 from specrepro.experiments.workloads import code_items, compute_dtype, load_target, make_draft, news_items, tuned_target, with_pass_costs
 from specrepro.tasks.sandbox import sandbox_info
 
@@ -86,13 +89,14 @@ meta = run_header(profile, seed, threads, notebook="03_table1", target=target, d
                      news_temperature=news_temperature, news_top_p=news_top_p, code_temperature=code_temperature,
                      code_top_p=code_top_p, paper_source=PAPER_TABLE1_SOURCE)
 q_model, tokenizer = load_target(target, dtype, device, device_map, max_memory)
-p_model = make_draft(drafts[0], q_model, dtype=q_model.dtype, device=device)
+specs = {d: row_spec(d)[0] for d in drafts}  # row name -> draft spec ("feature:1024@tune" -> "feature:1024")
+p_model = make_draft(specs[drafts[0]], q_model, dtype=q_model.dtype, device=device)
 # the target runs through the setting sr.tune measured fastest on this machine (cached per CPU kind, tuned
 # with the first draft); every draft's SpS and the one ArS baseline use that same runner
 runner, meta["tune"] = tuned_target(q_model, p_model, dtype, threads)
 # a model draft computes in the dtype the tuned target runs in
 p_models = {d: p_model if i == 0 and compute_dtype(runner) == q_model.dtype
-            else make_draft(d, q_model, dtype=compute_dtype(runner), device=device) for i, d in enumerate(drafts)}
+            else make_draft(specs[d], q_model, dtype=compute_dtype(runner), device=device) for i, d in enumerate(drafts)}
 p_models = {d: with_pass_costs(m, meta["tune"]) for d, m in p_models.items()}  # datastore: its stop rule
 news = news_items(tokenizer, n_news, news_source)
 code = code_items(tokenizer, n_code, code_source)
@@ -101,16 +105,18 @@ code = code_items(tokenizer, n_code, code_source)
 settings = {"news": {"nucleus": {"temperature": news_temperature, "top_p": news_top_p}, "greedy": {"temperature": 0.0}},
             "humaneval": {"greedy": {"temperature": 0.0},
                           "nucleus": {"temperature": code_temperature, "top_p": code_top_p, "n_items": n_code_nucleus}}}
+# rows named SPEC@tune: K per setting, chosen on this runner before any evaluation item runs (in the JSON's meta)
+lookaheads, meta["tuned_lookaheads"] = row_lookaheads(runner, p_models, settings, tokenizer, seed=seed)
 rows = run_table1(runner, p_models, tokenizer, news, code, settings, results_dir, lookahead=lookahead,
                      news_max_new_tokens=news_max_new_tokens, code_max_new_tokens=code_max_new_tokens,
                      code_samples=code_samples, pass_k=pass_k, check_timeout=check_timeout, seed=seed, tree=tree,
-                     draft_items=draft_items)
+                     draft_items=draft_items, lookaheads=lookaheads)
 write_outputs(out_dir, "table1", rows, meta)
 Image(plots.plot_table1(out_dir)[0])
 
 # %%
 table = markdown_table(rows, [
-    "benchmark", "decoding", "method", "draft", "tree", "n_items", "metric", "result", "result_ci_low",
+    "benchmark", "decoding", "method", "draft", "lookahead", "tree", "n_items", "metric", "result", "result_ci_low",
     "result_ci_high", "paper_result", "similarity", "ms_per_token", "speedup", "speedup_ci_low",
     "speedup_ci_high", "paper_speedup", "tau", "identical_text", "quality_wilcoxon_p", "sandbox"])
 Markdown(profile_note(profile) + table)

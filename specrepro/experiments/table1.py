@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ..algorithm.speculative import stop_at_text
 from ..algorithm.tree import tree_specs
+from ..generate import MAX_LOOKAHEAD
 from ..stats.intervals import mean_ci, paired_test, ratio_ci, speedup_ci
 from ..tasks.humaneval import STOP_SEQUENCES, check_completion, extract_completion, pass_at_k
 from ..tasks.news import rouge2
@@ -40,10 +41,54 @@ PAPER_TABLE1_SOURCE = (
 )
 
 
+def row_spec(name: str) -> tuple[str, int | str | None]:
+    """A draft row's name -> (draft spec, its K): "SPEC@K" runs SPEC with chains of K tokens, "SPEC@tune" with
+    the K tuned_row_lookaheads picks for it per setting, a bare spec at the table's lookahead (K None)."""
+    spec, sep, k = name.rpartition("@")
+    if not sep or not (k == "tune" or k.isdigit()):
+        return name, None
+    if not spec:
+        raise ValueError(f"draft row {name!r} names no draft before '@'")
+    return spec, k if k == "tune" else int(k)
+
+
+PILOT_PROMPTS = {"news": "news", "humaneval": "code"}  # built-in prompts (never evaluation items) per benchmark
+
+
+def row_lookaheads(runner, drafts: dict, settings: dict, tokenizer, max_lookahead: int = 6, reps: int = 15,
+                   seed: int = 0) -> tuple[dict, dict]:
+    """run_table1's `lookaheads` for the rows whose names carry a K (row_spec), and what each tuned K was
+    chosen from: ({name: K or {"benchmark/decoding": K}}, {name: {"benchmark/decoding": choice}}). A "@tune"
+    row gets, per setting, the K specrepro.tuning.lookahead.tuned_lookahead picks on this runner from that
+    draft's measured proposals and its acceptance by position on the benchmark's built-in prompts at the
+    setting's sampling."""
+    from ..tuning.lookahead import tuned_lookahead
+    from .workloads import builtin_prompts
+
+    lookaheads, chosen = {}, {}
+    for name, draft in drafts.items():
+        _, k = row_spec(name)
+        if k is None:
+            continue
+        if k != "tune":
+            lookaheads[name] = k
+            continue
+        lookaheads[name], chosen[name] = {}, {}
+        for bench, rows in settings.items():
+            samplings = {decoding: {key: v for key, v in sampling.items() if key != "n_items"}
+                         for decoding, sampling in rows.items()}
+            prompts = builtin_prompts(PILOT_PROMPTS[bench], tokenizer)
+            for decoding, choice in tuned_lookahead(runner, draft, prompts, samplings, max_lookahead, reps,
+                                                    seed=seed).items():
+                lookaheads[name][f"{bench}/{decoding}"] = choice["lookahead"]
+                chosen[name][f"{bench}/{decoding}"] = choice
+    return lookaheads, chosen
+
+
 def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], settings: dict, results_dir,
                lookahead: int = 4, news_max_new_tokens: int = 64, code_max_new_tokens: int = 128,
                code_samples: int = 1, pass_k=(1,), check_timeout: float = 5.0, seed: int = 0,
-               tree=None, draft_items: dict | None = None) -> list[dict]:
+               tree=None, draft_items: dict | None = None, lookaheads: dict | None = None) -> list[dict]:
     """ArS and SpS with each draft on each benchmark/decoding setting; one resumable item per (row, example,
     sample, method, draft).
 
@@ -54,6 +99,10 @@ def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], se
     setting's optional "n_items" runs it on the first n items only (e.g. nucleus samples on a subset).
     draft_items: {name: n}: that draft's SpS runs on the first n items of each setting only (a slow draft);
     its speedup and paired tests use the ArS items it shares.
+    lookaheads: {name: K} or {name: {"benchmark/decoding": K}}: that draft's chain is K tokens long (in every
+    setting, or in each one named; the rest at `lookahead`), e.g. the K specrepro.tuning.lookahead chose for it;
+    it runs that chain even where `tree` gives the other drafts a token tree.
+    Its items' keys and records carry K, so a run at another K never reuses them.
     tree: SpS verifies this token tree (a TreeSpec or 'WIDTHxDEPTH[/NODES]') per target call instead of a
     chain of `lookahead` tokens. The summary covers exactly this call's items.
     """
@@ -68,6 +117,20 @@ def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], se
     for name, n in draft_items.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"draft_items[{name!r}] must be a positive integer, got {n!r}")
+    lookaheads = dict(lookaheads or {})
+    unknown = sorted(set(lookaheads) - set(drafts))
+    if unknown:
+        raise ValueError(f"lookaheads names drafts that are not run: {unknown}; the drafts are {list(drafts)}")
+
+    def k_of(name, bench, decoding) -> int:
+        k = lookaheads.get(name, lookahead)
+        if isinstance(k, dict):
+            k = k.get(f"{bench}/{decoding}", lookahead)
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_LOOKAHEAD:
+            raise ValueError(f"lookaheads[{name!r}] gives K = {k!r} for {bench}/{decoding}: K must be an integer in "
+                             f"1..{MAX_LOOKAHEAD}")
+        return k
+
     results_dir = Path(results_dir)
     files = {None: ResultsFile(results_dir / "table1-ArS.jsonl")}
     files.update({name: ResultsFile(results_dir / f"table1-{slug(name)}.jsonl") for name in drafts})
@@ -88,11 +151,14 @@ def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], se
                     todo.append((bench, decoding, sampling, max_new, it, s, None))  # ArS, then each draft's SpS
                     todo += [(bench, decoding, sampling, max_new, it, s, name) for name in drafts
                              if i < draft_items.get(name, len(items))]
+                for name in lookaheads:
+                    k_of(name, bench, decoding)  # a bad K fails before any item runs
     keys = []
     for bench, decoding, sampling, max_new, it, s, name in tqdm(todo, desc="table 1"):
-        method, k = ("ArS", 0) if name is None else ("SpS", lookahead)
-        shape = tree if method == "SpS" else None
-        key = f"{bench}/{decoding}/{method}/{it['id']}/s{s}" + (f"/tree{shape}" if shape else "")
+        method, k = ("ArS", 0) if name is None else ("SpS", k_of(name, bench, decoding))
+        shape = tree if method == "SpS" and name not in lookaheads else None  # a draft at its own K: a chain
+        key = (f"{bench}/{decoding}/{method}/{it['id']}/s{s}" + (f"/tree{shape}" if shape else "")
+               + (f"/k{k}" if name in lookaheads else ""))
         results = files[name]
         keys.append((name, key))
         if key in results:
@@ -103,7 +169,7 @@ def run_table1(target, drafts, tokenizer, news: list[dict], code: list[dict], se
                             stop_when=code_stop if bench == "humaneval" else None)
         text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
         extra = {"benchmark": bench, "decoding": decoding, "method": method, "item": it["id"], "sample": s,
-                 "text": text, **({"draft": name} if name is not None else {}),
+                 "text": text, "lookahead": shape.depth if shape else k, **({"draft": name} if name is not None else {}),
                  **({"tree": str(shape)} if shape else {})}
         if bench == "news":
             extra["score"] = rouge2(text, it["reference"])
@@ -161,7 +227,7 @@ def summarise_table1(records: list[dict], pass_k=(1,), drafts=None) -> list[dict
             ms, ms_lo, ms_hi = (1000 * v for v in ratio_ci(seconds, tokens))
             tau, tau_lo, tau_hi = ratio_ci(tokens, [r["target_calls"] for r in rs])
             row = {"benchmark": bench, "decoding": decoding, "method": method, "draft": draft or "",
-                   "tree": rs[0].get("tree", ""), "n_generations": len(rs),
+                   "tree": rs[0].get("tree", ""), "lookahead": rs[0].get("lookahead", ""), "n_generations": len(rs),
                    "n_items": len({r["item"] for r in rs}), "ms_per_token": ms, "ms_per_token_ci_low": ms_lo,
                    "ms_per_token_ci_high": ms_hi, "tau": tau, "tau_ci_low": tau_lo, "tau_ci_high": tau_hi}
             if bench == "news":

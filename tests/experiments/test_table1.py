@@ -91,15 +91,73 @@ def test_summary_pairs_each_draft_with_the_shared_ars():
 
 @pytest.mark.notebooks
 def test_notebook_runs_two_drafts_and_records_the_sandbox(tmp_path):
-    overrides = {"drafts": ["truncated:4", "lookup"], "draft_items": {"truncated:4": 1}, "n_news": 2,
+    overrides = {"drafts": ["truncated:4", "lookup@tune"], "draft_items": {"truncated:4": 1}, "n_news": 2,
                  "news_max_new_tokens": 4, "code_max_new_tokens": 4}
     reproduce.run("smoke", ["03_table1"], overrides=overrides, output_root=tmp_path)
     rows = read_csv(tmp_path / "figures" / "table1.csv")
     assert {(r["benchmark"], r["decoding"], r["method"], r["draft"]) for r in rows} == {
         (b, d, m, dr) for b in ("news", "humaneval") for d in ("greedy", "nucleus")
-        for m, dr in (("ArS", None), ("SpS", "truncated:4"), ("SpS", "lookup"))}
+        for m, dr in (("ArS", None), ("SpS", "truncated:4"), ("SpS", "lookup@tune"))}
     assert {r["sandbox"] for r in rows if r["benchmark"] == "humaneval"} == {sandbox_info().level}
     assert {r["n_items"] for r in rows if r["benchmark"] == "news" and r["draft"] == "truncated:4"} == {1}
     import json
     meta = json.loads((tmp_path / "figures" / "table1.json").read_text())["meta"]
     assert meta["drafts"] == overrides["drafts"] and meta["sandbox"]["level"] == sandbox_info().level
+    # the tuned row ran at the K chosen for each setting before any item, and says so
+    tuned = meta["tuned_lookaheads"]["lookup@tune"]
+    assert set(tuned) == {f"{b}/{d}" for b in ("news", "humaneval") for d in ("greedy", "nucleus")}
+    for r in rows:
+        if r["draft"] == "lookup@tune":
+            assert int(r["lookahead"]) == tuned[f"{r['benchmark']}/{r['decoding']}"]["lookahead"]
+
+
+def test_row_names_carry_a_k():
+    assert t1.row_spec("feature:1024@tune") == ("feature:1024", "tune")
+    assert t1.row_spec("lookup@2") == ("lookup", 2)
+    assert t1.row_spec("model:/models/a@b") == ("model:/models/a@b", None)  # not a K: part of the spec
+    assert t1.row_spec("datastore") == ("datastore", None)
+    with pytest.raises(ValueError, match="names no draft"):
+        t1.row_spec("@3")
+
+
+def test_a_draft_at_its_own_k_keeps_separate_items(workload, tmp_path):
+    lookaheads = {"lookup": 2, "truncated:2": {"news/greedy": 1}}
+    rows = run(workload, tmp_path, lookaheads=lookaheads)
+    k = {(r["benchmark"], r["draft"]): r["lookahead"] for r in rows}
+    assert k == {("news", ""): 0, ("news", "lookup"): 2, ("news", "truncated:2"): 1,
+                 ("humaneval", ""): 0, ("humaneval", "lookup"): 2, ("humaneval", "truncated:2"): 3}
+    records = ResultsFile(tmp_path / "table1-lookup.jsonl").records
+    assert all(key.endswith("/k2") and r["lookahead"] == 2 for key, r in records.items())
+    assert all(max(r["proposed"]) <= 2 for r in records.values())
+    for r in rows:
+        if r["method"] == "SpS":
+            assert r["identical_text"] == 1.0  # float32 greedy: exact at any K
+    # the same drafts at the table's K run their own items: nothing read from the K = 2 ones
+    again = run(workload, tmp_path, drafts={"lookup": workload[2]["lookup"]})
+    assert [r["lookahead"] for r in again if r["method"] == "SpS"] == [3, 3]
+    assert len(ResultsFile(tmp_path / "table1-lookup.jsonl")) == 6
+
+
+@pytest.mark.parametrize("lookaheads, match", [
+    ({"small": 2}, "not run"),
+    ({"lookup": 0}, "must be an integer"),
+    ({"lookup": {"news/greedy": "4"}}, "must be an integer"),
+])
+def test_bad_lookaheads_are_refused(workload, tmp_path, lookaheads, match):
+    with pytest.raises(ValueError, match=match):
+        run(workload, tmp_path, lookaheads=lookaheads)
+
+
+def test_tuned_rows_get_a_k_per_setting(workload):
+    target, tokenizer, drafts, _, _ = workload
+    from specrepro.engines.lean import LeanRunner
+
+    runner = LeanRunner(target, dtype=torch.float32)
+    named = {"truncated:2@tune": drafts["truncated:2"], "lookup@2": drafts["lookup"], "lookup": drafts["lookup"]}
+    lookaheads, chosen = t1.row_lookaheads(runner, named, SETTINGS, tokenizer, max_lookahead=3, reps=3)
+    assert lookaheads["lookup@2"] == 2 and "lookup" not in lookaheads
+    assert set(lookaheads["truncated:2@tune"]) == {"news/greedy", "humaneval/greedy"}
+    for where, k in lookaheads["truncated:2@tune"].items():
+        choice = chosen["truncated:2@tune"][where]
+        assert k == choice["lookahead"] and 1 <= k <= 3
+        assert choice["pilot_loops"] > 0 and set(choice["tau"]) == {1, 2, 3}
