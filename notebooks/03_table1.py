@@ -13,7 +13,8 @@
 # result, mean token time and speedup, with the paper's numbers beside ours. The paper's draft was a trained
 # model; `drafts` runs several drafts (the cpu profile: the fastest trained draft, heads with its head cut to
 # 1,024 tokens, and the training-free datastore draft), each as its own SpS row timed against the same ArS
-# items. The `sandbox` column of the
+# items. A row named `SPEC@tune` runs that draft at the K chosen for it per row on this machine (the `lookahead`
+# column; the paper's K = 4 suits a draft whose acceptance holds up along the chain, which a weak one's does not). The `sandbox` column of the
 # HumanEval rows names the containment level their verdicts ran under (docs/sandbox.md); the JSON's meta
 # records this machine's full containment once per run.
 #
