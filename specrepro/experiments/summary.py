@@ -97,9 +97,9 @@ def _result(row: dict) -> str:
 
 def table1(figures: Path) -> str:
     meta, rows = _read(figures, "table1")
-    out = ["| benchmark, decoding | paper: ArS -> SpS | paper speedup | n | draft | ours: ArS -> SpS "
+    out = ["| benchmark, decoding | paper: ArS -> SpS | paper speedup | n | draft | K | ours: ArS -> SpS "
            "| our speedup [CI] | our tau [CI] | greedy text = ArS |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for bench, decoding in dict.fromkeys((r["benchmark"], r["decoding"]) for r in rows):
         mine = [r for r in rows if (r["benchmark"], r["decoding"]) == (bench, decoding)]
         ars = next(r for r in mine if r["method"] == "ArS")
@@ -112,10 +112,18 @@ def table1(figures: Path) -> str:
             out.append("| " + " | ".join([
                 f"{BENCHMARK[bench]} {decoding}" if i == 0 else "", paper_text if i == 0 else "",
                 paper_speed if i == 0 else "", f"{int(sps['n_items'])}" if i == 0 else "", str(sps["draft"]),
-                f"{_result(ars)} -> {sps['result']:.3f}", f"**{_ci(sps, 'speedup')}**", _ci(sps, "tau"),
+                _k(sps), f"{_result(ars)} -> {sps['result']:.3f}", f"**{_ci(sps, 'speedup')}**", _ci(sps, "tau"),
                 f"{same:.0%}" if decoding == "greedy" and _ok(same) else "",
             ]) + " |")
     return "\n".join(out)
+
+
+def _k(row: dict) -> str:
+    """A Table 1 row's chain length (its tree where it verified one; empty in files written before rows had K)."""
+    if row.get("tree"):
+        return str(row["tree"])
+    k = row.get("lookahead")
+    return f"{int(k)}" if _ok(k) else ""
 
 
 QUALITY_MEASURE = {"news": "ROUGE-2", "humaneval": "similarity of the text (difflib), not pass@k"}
@@ -199,7 +207,12 @@ def figure1_settings(figures: Path) -> str:
 
 def table1_settings(figures: Path) -> str:
     meta, _ = _read(figures, "table1")
-    return (f"K = {meta.get('lookahead')}; drafts: {', '.join(meta.get('drafts') or [])}; news nucleus "
+    tuned = "".join(
+        f"; {name} at the K chosen for it per row before any item ran (specrepro.tuning.lookahead on built-in "
+        "prompts: " + ", ".join(f"{where.replace('/', ' ')} K = {c['lookahead']}, expected "
+                                f"{c['expected_speedup']:.2f}x" for where, c in rows.items()) + ")"
+        for name, rows in (meta.get("tuned_lookaheads") or {}).items())
+    return (f"K = {meta.get('lookahead')}{tuned}; drafts: {', '.join(meta.get('drafts') or [])}; news nucleus "
             f"temperature {meta.get('news_temperature')}, top-p {meta.get('news_top_p')}; HumanEval nucleus "
             f"temperature {meta.get('code_temperature')}, top-p {meta.get('code_top_p')}, "
             f"{meta.get('code_samples')} samples per problem; {run_line(meta)}")
