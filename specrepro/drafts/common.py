@@ -66,6 +66,19 @@ def full_rows(p: torch.Tensor, keep: torch.Tensor | None, vocab: int) -> torch.T
     return rows
 
 
+def parameter_versions(module) -> tuple:
+    """(id, version) of every parameter of `module` and its submodules: changes when a weight is written in place
+    or replaced (versions alone miss a replaced parameter: a fresh one starts at version 0 as an unwritten one
+    is). A native step compares it before every proposal, so it walks the modules' own tables instead of
+    module.parameters() (8 against 16 us for the feature draft on the 2-core CPU)."""
+    out, stack = [], [module]
+    while stack:
+        m = stack.pop()
+        out += [(id(p), p._version) for p in m._parameters.values() if p is not None]
+        stack += [c for c in m._modules.values() if c is not None]
+    return tuple(out)
+
+
 class FrozenTargetParts:
     """The target's embedding table and (optionally vocabulary-cut) LM head, not trained, not saved.
 
@@ -126,6 +139,7 @@ class HiddenStateDraft(Draft):
     # False (always torch); `_native` the packed step, rebuilt when the net's weights or cut head change.
     native: bool | None = False
     _native = None
+    _served_dtype = None  # the net's dtype when the native step was last found to serve it (native None)
 
     def _build_native(self):
         """A new native step for self.net (its class has key_of(net), a digest of what it was packed from)."""
@@ -135,9 +149,11 @@ class HiddenStateDraft(Draft):
         """The native step to run, or None for the torch step."""
         if self.native is False:
             return None
-        if self.native is None and not self._native_serves():
-            self.native = False  # decided once per draft
-            return None
+        if self.native is None and self._served_dtype != self.compute_dtype():  # checked again if the net is cast
+            if not self._native_serves():
+                self.native = False  # decided once per draft
+                return None
+            self._served_dtype = self.compute_dtype()
         if self._native is None or self._native.key != type(self._native).key_of(self.net):
             self._native = self._build_native()
         return self._native

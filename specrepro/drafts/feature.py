@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import common_prefix_length
-from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows
+from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows, parameter_versions
 from .layers import DecoderLayer, KVCache, RMSNorm
 from ..engines.kernels import inference_linear
 
@@ -119,7 +119,7 @@ class NativeFeature:
     @staticmethod
     def key_of(net) -> tuple:
         """What the packed copies were made from: rebuilt when the head is cut again or weights change."""
-        return (id(net.head), net.head._version, tuple(p._version for p in net.parameters()))
+        return (id(net.head), net.head._version, parameter_versions(net))
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows
+from .common import FrozenTargetParts, HiddenStateDraft, draw_kept, expand_logits, full_rows, parameter_versions
 
 DEFAULTS = {"heads": 4, "head_vocab": 16384, "lr": 2e-3, "batch": 4, "window": 128}
 
@@ -57,7 +57,7 @@ class NativeHeads:
     @staticmethod
     def key_of(net) -> tuple:
         """What the packed copies were made from: rebuilt when the head is cut again or weights change."""
-        return (id(net.head), net.head._version, tuple(lin.weight._version for lin in (*net.inp, *net.out)))
+        return (id(net.head), net.head._version, parameter_versions(net))
 
     def logits(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Every head's logits [K, kept] from h [H] and x = [h ; embedding of the next token] [2H]."""

@@ -55,6 +55,40 @@ def test_native_step_matches_the_torch_step_and_is_the_default_for_bfloat16(taps
     assert f32._native is None and f32.native is False
 
 
+def test_the_packed_step_follows_the_net_it_was_packed_from():
+    """Weights written in place or replaced, or the net cast to float32: the next proposal never runs stale packed
+    weights (the key is checked before every proposal)."""
+    target = tiny_llama(0, vocab=50, layers=2)
+    seq, hidden = torch.tensor([0, 7, 3, 9]), torch.randn(3, target.config.hidden_size)
+    greedy = SamplingConfig(0.0)
+    draft = bf16_feature(target)
+    draft.propose(seq, 2, greedy, target_hidden=hidden)
+    first = draft._native
+    draft.propose(seq, 2, greedy, target_hidden=hidden)
+    assert draft._native is first  # nothing changed: the same packed copy
+    with torch.no_grad():
+        draft.net.layer.down.weight.mul_(2)  # in place
+    draft.propose(seq, 2, greedy, target_hidden=hidden)
+    second = draft._native
+    assert second is not first
+    old = draft.net.fc.weight
+    new = torch.nn.Parameter(old.detach() * 2)
+    with torch.no_grad():
+        while new._version < old._version:  # the same version as the one it replaces: only its identity differs
+            new.add_(0)
+    draft.net.fc.weight = new
+    draft.propose(seq, 2, greedy, target_hidden=hidden)
+    assert draft._native is not second
+    # what the rebuilt step computes is the current net's: the same rows as a draft packed from it afresh
+    fresh = FeatureDraft(draft.net, target)
+    a = draft.propose(seq, 3, greedy, target_hidden=hidden)
+    b = fresh.propose(seq, 3, greedy, target_hidden=hidden)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    draft.net.float()  # cast: the native step no longer serves it, the torch step runs
+    draft.propose(seq, 2, greedy, target_hidden=hidden.float())
+    assert draft.native is False
+
+
 def test_the_runners_give_the_tapped_layers_as_the_model_computes_them():
     target = tiny_llama(0, vocab=50, layers=3)
     ids = torch.tensor([0, 7, 3, 9, 4, 2])

@@ -51,6 +51,17 @@ def test_cutting_the_head_rebuilds_the_packed_copy():
         d.net.restrict(8, counts, special=[EOS])
     a, b = logits_of(fast, seq, hidden), logits_of(slow, seq, hidden)
     assert a.shape == b.shape == (3, 8) and torch.allclose(a, b, atol=0.05, rtol=0.02)
+    # a weight replaced by another parameter at the same version: its identity alone tells the copy is stale
+    for d in (fast, slow):
+        old = d.net.inp[0].weight
+        noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
+        new = torch.nn.Parameter(old.detach() + noise.to(old.dtype))
+        with torch.no_grad():
+            while new._version < old._version:
+                new.add_(0)
+        d.net.inp[0].weight = new
+    a, b = logits_of(fast, seq, hidden), logits_of(slow, seq, hidden)
+    assert torch.allclose(a, b, atol=0.05, rtol=0.02), (a - b).abs().max()
 
 
 def test_greedy_sps_with_the_native_heads_step_equals_ars():
