@@ -142,12 +142,13 @@ def tuned_target(model, draft, dtype: str = "auto", threads: int | None = None, 
 
 def with_pass_costs(draft, summary: dict, up_to: int = 64):
     """draft, with the tuned setting's measured v(n) (summary["v"] from tuned_target) given to every datastore
-    draft in it (a hybrid's parts too), so its stop rule weighs each proposed token against what verifying
-    it costs on this machine. Other drafts are returned unchanged. Sizes past those tune measured (token
-    trees of up to `up_to` nodes) get v extended linearly (datastore.extend_pass_costs)."""
+    draft in it (a hybrid's parts too: "lookup+datastore" holds it as the fallback, "datastore+<spec>" as the
+    first proposer), so its stop rule weighs each proposed token against what verifying it costs on this
+    machine. Other drafts are returned unchanged. Sizes past those tune measured (token trees of up to `up_to`
+    nodes) get v extended linearly (datastore.extend_pass_costs)."""
     from ..drafts.datastore import DatastoreDraft, extend_pass_costs
 
-    for part in (draft, getattr(draft, "fallback", None)):
+    for part in (draft, getattr(draft, "fallback", None), getattr(draft, "lookup", None)):  # a hybrid's either part
         if isinstance(part, DatastoreDraft):
             part.pass_costs = extend_pass_costs(summary["v"], up_to)
     return draft

@@ -171,12 +171,14 @@ def test_greedy_with_the_rule_equals_the_target_argmax_path():
 def test_notebooks_give_datastore_drafts_the_tuned_costs():
     """workloads.with_pass_costs sets the tuned v(n) on a datastore draft and on a hybrid's datastore part."""
     from specrepro.drafts.hybrid import HybridDraft
+    from specrepro.drafts.lookup import LookupDraft
     from specrepro.experiments.workloads import with_pass_costs
 
     v = {"1": 1.1, "2": 1.2, "3": 1.3, "4": 1.5}
     plain = with_pass_costs(tiny_draft(), {"v": v})
     hybrid = with_pass_costs(HybridDraft(tiny_draft()), {"v": v})
-    for d in (plain, hybrid.fallback):
+    first = with_pass_costs(HybridDraft(LookupDraft(tiny_draft().vocab_size), lookup=tiny_draft()), {"v": v})
+    for d in (plain, hybrid.fallback, first.lookup):  # "lookup+datastore" and "datastore+<spec>"
         assert d.pass_costs is not None and d.pass_costs[4] == pytest.approx(1.5)
 
 
