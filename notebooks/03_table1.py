@@ -11,11 +11,12 @@
 # News summarisation (ROUGE-2 against the reference sentence) and HumanEval (unbiased pass@k; completions run
 # only inside `specrepro.tasks.humaneval.check_completion`'s sandbox), with nucleus and greedy decoding:
 # result, mean token time and speedup, with the paper's numbers beside ours. The paper's draft was a trained
-# model; `drafts` runs several drafts (the cpu profile: the fastest trained draft, heads with its head cut to
-# 1,024 tokens, and the training-free datastore draft), each as its own SpS row timed against the same ArS
-# items. A row named `SPEC@tune` runs that draft at the K chosen for it per row on this machine (the `lookahead`
-# column; the paper's K = 4 suits a draft whose acceptance holds up along the chain, which a weak one's does not). The `sandbox` column of the
-# HumanEval rows names the containment level their verdicts ran under (docs/sandbox.md); the JSON's meta
+# model; `drafts` runs several drafts (the cpu profile: the fastest trained draft, the feature draft with its
+# head cut to 1,024 tokens, at the paper's K = 4 and at its tuned K, and the training-free datastore draft),
+# each as its own SpS row timed against the same ArS items. A row named `SPEC@tune` runs that draft at the K
+# chosen for it per row on this machine (the `lookahead` column; the paper's K = 4 suits a draft whose
+# acceptance holds up along the chain, which a weak one's does not). The `sandbox` column of the HumanEval
+# rows names the containment level their verdicts ran under (docs/sandbox.md); the JSON's meta
 # records this machine's full containment once per run.
 #
 # In float32, greedy SpS emits exactly greedy ArS's tokens. In bfloat16 (the cpu profile, where it is much

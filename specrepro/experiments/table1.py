@@ -43,7 +43,7 @@ PAPER_TABLE1_SOURCE = (
 
 def row_spec(name: str) -> tuple[str, int | str | None]:
     """A draft row's name -> (draft spec, its K): "SPEC@K" runs SPEC with chains of K tokens, "SPEC@tune" with
-    the K tuned_row_lookaheads picks for it per setting, a bare spec at the table's lookahead (K None)."""
+    the K row_lookaheads picks for it per setting, a bare spec at the table's lookahead (K None)."""
     spec, sep, k = name.rpartition("@")
     if not sep or not (k == "tune" or k.isdigit()):
         return name, None
